@@ -1,0 +1,40 @@
+# The README's two commands: `make demo` and `make test`. Both set up .venv when it is missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# pytest workers: parallel where it helps (2 cores on CI)
+WORKERS ?= 2
+
+.PHONY: demo test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch: the pinned build this machine's pip offers from disk; any newer torch elsewhere.
+	$(PIP) install --disable-pip-version-check -q torch==2.14.1 torchvision==0.29.1 \
+	  || $(PIP) install --disable-pip-version-check -q torch torchvision
+	$(PIP) install --disable-pip-version-check -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m shared.demo
+
+test: $(STAMP) lint typecheck pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest -q -n $(WORKERS) tests
+
+bench: $(STAMP)
+	$(PIP) install --disable-pip-version-check -q -e '.[dev,bench]'
+	$(PY) benchmarks/losses.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,293 @@
+"""Configs are frozen dataclasses; the command line is derived from their fields.
+
+DESIGN.md, decision 10: every pipeline's ``Config`` is a frozen dataclass with the paper's
+defaults, validated in ``__post_init__``. :func:`parse_config` builds an ``argparse`` parser from
+the fields, accepts ``--config FILE.yaml|.yml|.json`` whose keys replace the defaults (flags on
+the command line win over the file), rejects unknown keys, and constructs the dataclass so its
+own validation runs. The resolved config is saved with every run as ``config.json``.
+
+Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``),
+``pathlib.Path``, ``Literal[...]`` (choices), ``tuple[X, ...]`` and fixed ``tuple[X, Y]`` of
+those scalars, and ``X | None`` (the word ``none`` on the command line, ``null`` in a file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import yaml
+
+from shared.checkpoint import atomic_write
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = ["config_to_dict", "load_config", "parse_config", "read_config_file", "save_config"]
+
+C = TypeVar("C", bound="DataclassInstance")
+
+_SCALARS: tuple[type, ...] = (int, float, str, bool, Path)
+
+
+def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str | None = None) -> C:
+    """Build ``cls`` from the command line ``argv`` (``sys.argv[1:]`` when ``None``).
+
+    Precedence: command-line flags, then the ``--config`` file, then the dataclass defaults.
+    Unknown flags exit through argparse (status 2); unknown file keys raise ``ValueError``.
+    """
+    hints = _field_hints(cls)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path, default=None)
+    known, _ = pre.parse_known_args(argv)
+    file_values = read_config_file(cls, known.config) if known.config is not None else {}
+
+    doc = inspect.getdoc(cls) or ""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--config", type=Path, default=None, help="YAML or JSON file whose keys set the defaults"
+    )
+    for field in dataclasses.fields(cls):
+        if not field.init:
+            continue
+        default = file_values.get(field.name, _field_default(field))
+        _add_argument(parser, field, hints[field.name], default)
+    namespace = vars(parser.parse_args(argv))
+    namespace.pop("config")
+    values = {
+        name: _coerce(_none_list(value), hints[name], f"command line: --{name}")
+        for name, value in namespace.items()
+    }
+    return cls(**values)
+
+
+def read_config_file(cls: type[DataclassInstance], path: str | Path) -> dict[str, Any]:
+    """Read a YAML/JSON config file and return its values, checked against the fields of ``cls``.
+
+    Raises ``ValueError`` naming the file for an unknown key (listing the valid ones), a value of
+    the wrong type, or a file whose top level is not a mapping.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"config file {source} does not exist")
+    text = source.read_text(encoding="utf-8")
+    suffix = source.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        raw = yaml.safe_load(text)
+    elif suffix == ".json":
+        raw = json.loads(text)
+    else:
+        raise ValueError(f"config file {source}: unsupported suffix {suffix!r}; use .yaml/.yml/.json")
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ValueError(f"config file {source} must hold a mapping, got {type(raw).__name__}")
+    hints = _field_hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = [key for key in raw if key not in valid]
+    if unknown:
+        raise ValueError(
+            f"config file {source}: unknown key {unknown[0]!r} (all unknown: {unknown}); "
+            f"valid keys for {cls.__name__}: {valid}"
+        )
+    return {key: _coerce(value, hints[key], f"config file {source}: key {key!r}") for key, value in raw.items()}
+
+
+def load_config(cls: type[C], path: str | Path) -> C:
+    """Build ``cls`` from a YAML/JSON file (e.g. a run's ``config.json``); missing keys take defaults."""
+    return cls(**read_config_file(cls, path))
+
+
+def config_to_dict(cfg: DataclassInstance) -> dict[str, Any]:
+    """Return the config as a JSON-ready dict: tuples become lists, paths become strings."""
+    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+        raise TypeError(f"expected a dataclass instance, got {type(cfg).__name__}")
+    plain = _jsonable(dataclasses.asdict(cfg))
+    assert isinstance(plain, dict)
+    return plain
+
+
+def save_config(cfg: DataclassInstance, path: str | Path) -> Path:
+    """Write the resolved config as JSON, atomically; a folder ``path`` gets ``config.json`` inside.
+
+    Returns the file written, which :func:`load_config` reads back into an equal config.
+    """
+    target = Path(path)
+    if target.is_dir():
+        target = target / "config.json"
+    text = json.dumps(config_to_dict(cfg), indent=2, sort_keys=False) + "\n"
+    with atomic_write(target) as handle:
+        handle.write(text.encode("utf-8"))
+    return target
+
+
+def _field_hints(cls: type[Any]) -> dict[str, Any]:
+    """Resolve the field annotations (strings under ``from __future__ import annotations``)."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"expected a dataclass type, got {cls!r}")
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if field.name == "config":
+            raise TypeError(f"{cls.__name__}: a field may not be called 'config' (it is --config)")
+        _describe(hints[field.name], f"{cls.__name__}.{field.name}")
+    return hints
+
+
+def _field_default(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def _split_optional(hint: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (hint, False)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"unsupported union {hint!r}: only X | None is allowed")
+        return args[0], len(args) < len(typing.get_args(hint))
+    return hint, False
+
+
+def _describe(hint: Any, where: str) -> tuple[Any, bool, tuple[Any, ...] | None]:
+    """Validate a field type; return (inner type, optional, tuple element types or None)."""
+    inner, optional = _split_optional(hint)
+    if typing.get_origin(inner) is tuple:
+        args = typing.get_args(inner)
+        elements = args[:1] if len(args) == 2 and args[1] is Ellipsis else args
+        # One element type: argparse converts every value of a flag with the same function.
+        if len(set(elements)) != 1 or elements[0] not in _SCALARS or elements[0] is bool:
+            raise TypeError(f"{where}: unsupported tuple type {inner!r}")
+        return inner, optional, args
+    if typing.get_origin(inner) is Literal or inner in _SCALARS:
+        return inner, optional, None
+    raise TypeError(f"{where}: unsupported config field type {hint!r}")
+
+
+def _scalar_parser(kind: Any, optional: bool) -> Callable[[str], Any]:
+    """A string converter for argparse whose ``__name__`` reads well in its error messages."""
+    if typing.get_origin(kind) is Literal:
+        by_text = {str(choice): choice for choice in typing.get_args(kind)}
+
+        def convert(text: str) -> Any:
+            if optional and text.lower() == "none":
+                return None
+            return by_text.get(text, text)  # unknown text is reported by argparse's choices
+
+    elif kind is bool:
+
+        def convert(text: str) -> Any:
+            lowered = text.lower()
+            if optional and lowered == "none":
+                return None
+            if lowered not in ("true", "false"):
+                raise ValueError(text)
+            return lowered == "true"
+
+    else:
+
+        def convert(text: str) -> Any:
+            if optional and text.lower() == "none":
+                return None
+            return kind(text)
+
+    convert.__name__ = getattr(kind, "__name__", "choice")
+    return convert
+
+
+def _add_argument(
+    parser: argparse.ArgumentParser, field: dataclasses.Field[Any], hint: Any, default: Any
+) -> None:
+    inner, optional, tuple_args = _describe(hint, field.name)
+    flags = [f"--{field.name}"]
+    if "_" in field.name:
+        flags.append(f"--{field.name.replace('_', '-')}")
+    kwargs: dict[str, Any] = {"dest": field.name, "help": field.metadata.get("help", " ")}
+    if default is dataclasses.MISSING:
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = default
+    if tuple_args is not None:
+        fixed = not (len(tuple_args) == 2 and tuple_args[1] is Ellipsis)
+        kwargs["nargs"] = len(tuple_args) if fixed and not optional else "+"
+        kwargs["type"] = _scalar_parser(tuple_args[0], optional)
+        kwargs["metavar"] = tuple_args[0].__name__.upper()
+    elif inner is bool and not optional:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["type"] = _scalar_parser(inner, optional)
+        if typing.get_origin(inner) is Literal:
+            kwargs["choices"] = [*typing.get_args(inner), *([None] if optional else [])]
+    parser.add_argument(*flags, **kwargs)
+
+
+def _none_list(value: Any) -> Any:
+    """``--sizes none`` arrives from argparse as ``[None]``: it means the field is ``None``."""
+    return None if isinstance(value, list) and value == [None] else value
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Check ``value`` against the field type and normalise it (lists to tuples, str to Path).
+
+    ``where`` names the source (file and key, or the flag) in the error message.
+    """
+    inner, optional, tuple_args = _describe(hint, where)
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{where}: None is not allowed for type {hint!r}")
+    if tuple_args is not None:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list for {hint!r}, got {value!r}")
+        variadic = len(tuple_args) == 2 and tuple_args[1] is Ellipsis
+        if not variadic and len(value) != len(tuple_args):
+            raise ValueError(f"{where}: expected {len(tuple_args)} values, got {value!r}")
+        kinds = [tuple_args[0]] * len(value) if variadic else list(tuple_args)
+        return tuple(_coerce(v, k, where) for v, k in zip(value, kinds, strict=True))
+    if typing.get_origin(inner) is Literal:
+        if value not in typing.get_args(inner):
+            raise ValueError(f"{where}: {value!r} is not one of {list(typing.get_args(inner))}")
+        return value
+    return _coerce_scalar(value, inner, where)
+
+
+def _coerce_scalar(value: Any, kind: Any, where: str) -> Any:
+    if kind is bool and isinstance(value, bool):
+        return value
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is float and isinstance(value, str):
+        # PyYAML follows YAML 1.1, which reads `1e-3` (no dot) as a string, not a float.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if kind is str and isinstance(value, str):
+        return value
+    if kind is Path and isinstance(value, (str, Path)):
+        return Path(value)
+    raise ValueError(f"{where}: expected {kind.__name__}, got {value!r}")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

@@ -1,0 +1,73 @@
+"""Input checks shared by the losses: a ``ValueError`` that names the problem, never a traceback
+from deep inside torch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_features(x: object, name: str, ndim: int) -> Tensor:
+    """``x`` must be a finite floating tensor of rank ``ndim`` with a non-empty feature dim."""
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name} has an empty feature dim: shape {tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} holds {bad} NaN or infinite values")
+    return x
+
+
+def check_same_shape(a: Tensor, b: Tensor, names: str) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{names} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+
+
+def check_labels(labels: object, n: int, name: str = "labels") -> Tensor:
+    """Integer class labels, one per sample."""
+    if not isinstance(labels, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(labels).__name__}")
+    if labels.ndim != 1 or labels.shape[0] != n:
+        raise ValueError(f"{name} must have shape ({n},) to match the batch, got {tuple(labels.shape)}")
+    if labels.is_floating_point() or labels.is_complex():
+        raise ValueError(f"{name} must be integers, got dtype {labels.dtype}")
+    return labels.long()
+
+
+def check_positive(value: float, name: str) -> float:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_reduction(reduction: str) -> str:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return reduction
+
+
+def check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def reduce(per_row: Tensor, reduction: str, valid: Tensor | None = None) -> Tensor:
+    """Mean over the valid rows (0 when none is), sum, or the rows themselves (0 where invalid)."""
+    if valid is not None:
+        per_row = torch.where(valid, per_row, torch.zeros_like(per_row))
+    if reduction == "none":
+        return per_row
+    if reduction == "sum":
+        return per_row.sum()
+    count = per_row.new_tensor(per_row.numel()) if valid is None else valid.sum()
+    return per_row.sum() / count.clamp(min=1)

@@ -1,0 +1,88 @@
+"""ContraGAN's conditional contrastive (2C) loss (Kang & Park 2020, Eq. 8)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from shared.distributed import gather_no_grad, gather_with_offset
+from shared.losses._checks import (
+    check_features,
+    check_labels,
+    check_positive,
+    check_reduction,
+    check_same_shape,
+    reduce,
+)
+from shared.losses.core import autocast_off, masked_logsumexp
+
+__all__ = ["ConditionalContrastiveLoss", "conditional_contrastive_loss"]
+
+
+def conditional_contrastive_loss(
+    embeddings: Tensor,
+    proxies: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    gather: bool = False,
+    block_size: int | None = None,
+    reduction: Literal["mean", "sum", "none"] = "mean",
+) -> Tensor:
+    """The 2C loss: pull each embedding to its class proxy and to same-class embeddings.
+
+    With l_i the L2-normalised embeddings and e(y_i) the L2-normalised class proxies,
+    num_i = e^{s(l_i,e(y_i))/τ} + Σ_{k≠i, y_k=y_i} e^{s(l_i,l_k)/τ},
+    den_i = e^{s(l_i,e(y_i))/τ} + Σ_{k≠i} e^{s(l_i,l_k)/τ}, and L = −mean_i log(num_i/den_i).
+    No margin and no false-negative removal; τ = 1 in every reference config. The proxy is one
+    extra column per anchor, added to both sums with ``logaddexp`` around the core's
+    log-sum-exps. With ``gather=True`` the embeddings and labels of every rank are the contrasts
+    (StudioGAN gathers everything first); see :func:`shared.losses.supcon_loss` for the scaling.
+
+    Shape:
+        embeddings: ``(N, D)``; proxies: ``(N, D)`` holding e(y_i) for row i; labels: ``(N,)``;
+        result: scalar, or ``(N,)`` with ``reduction="none"``.
+    """
+    check_features(embeddings, "embeddings", ndim=2)
+    check_features(proxies, "proxies", ndim=2)
+    check_same_shape(embeddings, proxies, "embeddings and proxies")
+    y = check_labels(labels, embeddings.shape[0])
+    check_positive(temperature, "temperature")
+    check_reduction(reduction)
+    with autocast_off(embeddings):
+        dtype = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
+        l = F.normalize(embeddings.to(dtype), dim=1)  # (N, D)
+        e = F.normalize(proxies.to(dtype), dim=1)  # (N, D)
+        l_all, offset = gather_with_offset(l) if gather else (l, 0)  # (Ng, D)
+        y_all = gather_no_grad(y) if gather else y  # (Ng,)
+        own = offset + torch.arange(l.shape[0], device=l.device)  # (N,)
+        lse = masked_logsumexp(
+            l, l_all, temperature=temperature, self_index=own, anchor_labels=y,
+            contrast_labels=y_all, block_size=block_size,
+        )  # fmt: skip
+        assert lse.positive is not None
+        proxy_logit = (l * e).sum(1) / temperature  # (N,)
+        per_anchor = torch.logaddexp(proxy_logit, lse.all) - torch.logaddexp(
+            proxy_logit, lse.positive
+        )  # (N,)
+        return reduce(per_anchor, reduction)
+
+
+class ConditionalContrastiveLoss(nn.Module):
+    """Module form of :func:`conditional_contrastive_loss`."""
+
+    def __init__(
+        self, temperature: float = 1.0, gather: bool = False, block_size: int | None = None
+    ) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+        self.gather, self.block_size = gather, block_size
+
+    def forward(self, embeddings: Tensor, proxies: Tensor, labels: Tensor) -> Tensor:
+        return conditional_contrastive_loss(
+            embeddings, proxies, labels, temperature=self.temperature, gather=self.gather,
+            block_size=self.block_size,
+        )  # fmt: skip

@@ -1,0 +1,236 @@
+"""The contrastive core: masked log-sum-exp over anchors × contrasts, dense or blockwise.
+
+Every contrastive loss of the toolkit is a masked log-softmax over similarity logits
+``L_ik = a_i · c_k / τ`` (anchors × contrasts). Its only part that costs O(N²) is the log of the
+denominator, ``log Σ_{k ∈ A(i)} exp(L_ik)``, and for ``L_in``-style losses the log of the positive
+sum, ``log Σ_{k ∈ P(i)} exp(L_ik)``. This module computes both exactly, in one custom autograd
+function with two paths:
+
+* **dense** (one block, the exponentials kept for backward): 3 matrix products and 1 exponential
+  over the N×K logits for forward + backward, plus two elementwise passes;
+* **blockwise** (``block_size`` anchor rows at a time, recomputed in backward): extra memory
+  O(block·K + (N + K)·D), so batches far beyond what fits as an N×K matrix work.
+
+Numerics. Logits are fp32 (fp64 stays fp64). Instead of a row max (an extra pass) the
+exponentials are shifted by a bound on every logit, ``max‖a‖·max‖c‖/τ`` (``1/τ`` for normalised
+rows), which is exact when every exponential stays a normal float (2·bound ≤ 80 in fp32). For a
+smaller τ the core falls back to max-shifted ``logsumexp`` with ``finfo.min`` masking.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["DENSE_MAX_ELEMENTS", "LogSumExps", "autocast_off", "masked_logsumexp"]
+
+# Auto mode keeps the dense path while the N×K matrix holds at most this many elements
+# (2**26 fp32 = 256 MiB, N = K = 8192); above it, blocks of about BLOCK_ELEMENTS elements.
+DENSE_MAX_ELEMENTS = 2**26
+BLOCK_ELEMENTS = 2**23
+# exp(-x) is a normal float for x below ~87 (fp32) and ~708 (fp64): the fixed shift is exact then.
+_SAFE_EXP_RANGE = {torch.float32: 80.0, torch.float64: 700.0}
+
+
+class LogSumExps(NamedTuple):
+    """Row-wise log-sum-exps of the logits of each anchor.
+
+    ``all``: over every contrast except the anchor's own column (``-inf`` when none is left).
+    ``positive``: over the contrasts with the anchor's label, own column excluded (``-inf`` for an
+    anchor without positives); ``None`` when no labels were given.
+    """
+
+    all: Tensor
+    positive: Tensor | None
+
+
+def autocast_off(x: Tensor) -> AbstractContextManager[Any]:
+    """Disable autocast for the loss maths: logits are fp32 whatever the loop's precision."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.autocast(device_type=x.device.type, enabled=False)
+    return nullcontext()
+
+
+def masked_logsumexp(
+    anchors: Tensor,
+    contrasts: Tensor,
+    *,
+    temperature: float,
+    self_index: Tensor | None = None,
+    anchor_labels: Tensor | None = None,
+    contrast_labels: Tensor | None = None,
+    block_size: int | None = None,
+) -> LogSumExps:
+    """Log-sum-exp of ``anchors @ contrasts.T / temperature`` per anchor, masked, exactly.
+
+    Args:
+        anchors: rows ``a_i`` (usually L2-normalised).
+        contrasts: rows ``c_k`` (usually L2-normalised).
+        temperature: τ > 0.
+        self_index: column of each anchor's own row in ``contrasts``, left out of every sum.
+        anchor_labels, contrast_labels: when given, also the sum over same-label columns.
+        block_size: ``None`` picks the dense path up to ``DENSE_MAX_ELEMENTS`` logits and blocks
+            above; an int forces the memory-bounded blockwise path with that many anchor rows.
+
+    Shape:
+        anchors: ``(M, D)``; contrasts: ``(K, D)``; self_index, anchor_labels: ``(M,)``;
+        contrast_labels: ``(K,)``; each field of the result: ``(M,)``.
+    """
+    M, K = anchors.shape[0], contrasts.shape[0]
+    if block_size is not None and block_size < 1:
+        raise ValueError(f"block_size must be a positive int or None, got {block_size}")
+    if (anchor_labels is None) != (contrast_labels is None):
+        raise ValueError("anchor_labels and contrast_labels must be given together")
+    dtype = torch.float64 if torch.float64 in (anchors.dtype, contrasts.dtype) else torch.float32
+    with autocast_off(anchors):
+        a, c = anchors.to(dtype), contrasts.to(dtype)
+        with torch.no_grad():  # a bound on every logit; the result does not depend on it
+            bound = float(a.norm(dim=1).max() * c.norm(dim=1).max()) / temperature if M * K else 0.0
+        shift = bound if 2.0 * bound <= _SAFE_EXP_RANGE[dtype] else None
+        cache = block_size is None and M * K <= DENSE_MAX_ELEMENTS
+        if block_size is None:
+            block_size = M if cache else max(1, BLOCK_ELEMENTS // max(K, 1))
+        lse_all, lse_pos = _MaskedLogSumExp.apply(
+            a, c, 1.0 / temperature, shift, self_index, anchor_labels, contrast_labels,
+            block_size, cache,
+        )  # fmt: skip
+    return LogSumExps(lse_all, lse_pos if anchor_labels is not None else None)
+
+
+class _Block(NamedTuple):
+    """One block of anchor rows and what both passes need of it."""
+
+    rows: slice
+    self_cols: Tensor | None  # (B, 1) own column per row
+    positive: Tensor | None  # (B, K) bool, own column excluded
+
+
+def _blocks(
+    M: int, block_size: int, self_index: Tensor | None, ya: Tensor | None, yc: Tensor | None
+) -> list[_Block]:
+    out = []
+    for start in range(0, M, block_size):
+        rows = slice(start, min(start + block_size, M))
+        self_cols = None if self_index is None else self_index[rows].unsqueeze(1)  # (B, 1)
+        positive = None
+        if ya is not None and yc is not None:
+            positive = ya[rows].unsqueeze(1) == yc.unsqueeze(0)  # (B, K)
+            if self_cols is not None:
+                positive.scatter_(1, self_cols, False)
+        out.append(_Block(rows, self_cols, positive))
+    return out
+
+
+def _shifted_exp(a: Tensor, c: Tensor, scale: float, shift: float, block: _Block) -> Tensor:
+    """``exp(a c^T · scale − shift)`` for one block, own column zeroed.  # (B, K)"""
+    E = torch.addmm(a.new_tensor(-shift), a[block.rows], c.T, alpha=scale).exp_()  # (B, K)
+    if block.self_cols is not None:
+        E.scatter_(1, block.self_cols, 0.0)
+    return E
+
+
+def _logits(a: Tensor, c: Tensor, scale: float, block: _Block) -> Tensor:
+    """Logits of one block with the own column at ``finfo.min``.  # (B, K)"""
+    L = torch.mm(a[block.rows], c.T).mul_(scale)  # (B, K)
+    if block.self_cols is not None:
+        L.scatter_(1, block.self_cols, torch.finfo(L.dtype).min)
+    return L
+
+
+def _empty_rows_to_neg_inf(lse: Tensor, count: Tensor) -> Tensor:
+    """A sum over an empty set is 0: its log is -inf, not ``finfo.min + log(1)``."""
+    return torch.where(count > 0, lse, torch.full_like(lse, -math.inf))
+
+
+def _softmax_weight(grad: Tensor, shift: float, lse: Tensor) -> Tensor:
+    """``grad · exp(shift − lse)``: turns the shifted exponentials into softmax gradients.
+
+    Rows whose sum is empty (``lse = -inf``) have no softmax and get no gradient.
+    """
+    return torch.where(torch.isfinite(lse), grad * torch.exp(shift - lse), 0.0)
+
+
+class _MaskedLogSumExp(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        a: Tensor,
+        c: Tensor,
+        scale: float,
+        shift: float | None,
+        self_index: Tensor | None,
+        ya: Tensor | None,
+        yc: Tensor | None,
+        block_size: int,
+        cache: bool,
+    ) -> tuple[Tensor, Tensor]:
+        M, K = a.shape[0], c.shape[0]
+        blocks = _blocks(M, block_size, self_index, ya, yc)
+        lse_all = a.new_empty(M)
+        lse_pos = a.new_empty(M if ya is not None else 0)
+        kept: Tensor | None = None
+        for block in blocks:
+            if shift is not None:
+                E = _shifted_exp(a, c, scale, shift, block)  # (B, K)
+                lse_all[block.rows] = E.sum(1).log_().add_(shift)
+                if block.positive is not None:
+                    lse_pos[block.rows] = (E * block.positive).sum(1).log_().add_(shift)
+                if cache:
+                    kept = E
+            else:
+                L = _logits(a, c, scale, block)  # (B, K)
+                n_valid = K - (0 if block.self_cols is None else 1)
+                lse_all[block.rows] = _empty_rows_to_neg_inf(
+                    torch.logsumexp(L, 1), torch.full_like(L[:, 0], n_valid)
+                )
+                if block.positive is not None:
+                    Lp = L.masked_fill(~block.positive, torch.finfo(L.dtype).min)  # (B, K)
+                    lse_pos[block.rows] = _empty_rows_to_neg_inf(
+                        torch.logsumexp(Lp, 1), block.positive.sum(1)
+                    )
+        ctx.scale, ctx.shift, ctx.block_size = scale, shift, block_size
+        ctx.save_for_backward(a, c, self_index, ya, yc, lse_all, lse_pos, kept)
+        if ya is None:
+            ctx.mark_non_differentiable(lse_pos)
+        return lse_all, lse_pos
+
+    @staticmethod
+    def backward(ctx: Any, g_all: Tensor | None, g_pos: Tensor | None) -> tuple[Tensor | None, ...]:
+        a, c, self_index, ya, yc, lse_all, lse_pos, kept = ctx.saved_tensors
+        scale, shift = ctx.scale, ctx.shift
+        M = a.shape[0]
+        if g_all is None:
+            g_all = torch.zeros_like(lse_all)
+        has_pos = ya is not None and g_pos is not None
+        grad_a = torch.zeros_like(a) if ctx.needs_input_grad[0] else None
+        grad_c = torch.zeros_like(c) if ctx.needs_input_grad[1] else None
+        for block in _blocks(M, ctx.block_size, self_index, ya, yc):
+            r = block.rows
+            # G_ik = dLoss/dL_ik = g_all_i·softmax_all_ik + g_pos_i·softmax_pos_ik
+            if shift is not None:
+                E = kept if kept is not None else _shifted_exp(a, c, scale, shift, block)
+                weight = _softmax_weight(g_all[r], shift, lse_all[r]).unsqueeze(1)  # (B, 1)
+                if has_pos and block.positive is not None:
+                    assert g_pos is not None
+                    w_pos = _softmax_weight(g_pos[r], shift, lse_pos[r]).unsqueeze(1)  # (B, 1)
+                    weight = weight + block.positive * w_pos  # (B, K)
+                G = E * weight  # (B, K)
+            else:
+                L = _logits(a, c, scale, block)  # (B, K)
+                lse = lse_all[r].clamp_min(torch.finfo(L.dtype).min).unsqueeze(1)  # (B, 1)
+                G = torch.exp(L - lse) * g_all[r].unsqueeze(1)  # (B, K)
+                if has_pos and block.positive is not None:
+                    assert g_pos is not None
+                    Lp = torch.where(block.positive, L - lse_pos[r].unsqueeze(1), -math.inf)
+                    G = G + torch.exp(Lp) * g_pos[r].unsqueeze(1)  # (B, K)
+                if block.self_cols is not None:
+                    G.scatter_(1, block.self_cols, 0.0)
+            if grad_a is not None:
+                grad_a[r] = torch.mm(G, c).mul_(scale)  # (B, D)
+            if grad_c is not None:
+                grad_c.addmm_(G.T, a[r], alpha=scale)  # (K, D)
+        return grad_a, grad_c, None, None, None, None, None, None, None

@@ -1,0 +1,358 @@
+"""SupCon (L_out, L_in), NT-Xent / InfoNCE, the GraphCL-paper variant, N-pairs and triplet.
+
+All of them are thin derivations of the contrastive core (:mod:`shared.losses.core`): a masked
+log-softmax over ``anchors × contrasts``. SupCon's ``L_out`` never builds an N×N positive mask:
+``Σ_{p ∈ P(i)} s_ip = a_i · (S_{y_i} − a_i)`` with ``S_y`` the sum of the class's contrast rows,
+which costs O(N·D).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from shared.distributed import gather_no_grad, gather_with_offset
+from shared.losses._checks import (
+    check_choice,
+    check_features,
+    check_labels,
+    check_positive,
+    check_reduction,
+    check_same_shape,
+    reduce,
+)
+from shared.losses.core import autocast_off, masked_logsumexp
+
+__all__ = [
+    "GraphCLLoss",
+    "NPairsLoss",
+    "NTXentLoss",
+    "SupConLoss",
+    "TripletLoss",
+    "graphcl_loss",
+    "npairs_loss",
+    "nt_xent_loss",
+    "supcon_loss",
+    "triplet_loss",
+]
+
+Variant = Literal["out", "in"]
+ContrastMode = Literal["all", "one"]
+Reduction = Literal["mean", "sum", "none"]
+
+
+def _normalize(x: Tensor) -> Tensor:
+    """L2-normalise in fp32 (fp64 stays fp64): logits are never computed in half precision."""
+    return F.normalize(x if x.dtype == torch.float64 else x.float(), dim=-1)
+
+
+def _positive_logit_sums(
+    anchors: Tensor, contrasts: Tensor, self_index: Tensor, ya: Tensor, yc: Tensor, classes: int
+) -> tuple[Tensor, Tensor]:
+    """``Σ_{p ∈ P(i)} a_i·c_p`` and ``|P(i)|`` through class sums, in O((M + K)·D).
+
+    ``ya``/``yc`` are class indices in ``[0, classes)``; the own column is left out.
+
+    Shape:
+        anchors: ``(M, D)``; contrasts: ``(K, D)``; results: ``(M,)`` each.
+    """
+    class_sums = contrasts.new_zeros(classes, contrasts.shape[1]).index_add(0, yc, contrasts)  # (C, D)
+    counts = torch.bincount(yc, minlength=classes)  # (C,)
+    positives = class_sums[ya] - contrasts[self_index]  # (M, D): own row taken out
+    return (anchors * positives).sum(1), counts[ya] - 1
+
+
+def supcon_loss(
+    features: Tensor,
+    labels: Tensor | None = None,
+    *,
+    temperature: float = 0.1,
+    variant: Variant = "out",
+    contrast_mode: ContrastMode = "all",
+    gather: bool = False,
+    block_size: int | None = None,
+    reduction: Reduction = "mean",
+) -> Tensor:
+    """Supervised contrastive loss (Khosla et al. 2020, Eq. 2 ``L_out`` and Eq. 3 ``L_in``).
+
+    ``L_out``: ℓ_i = −(1/|P(i)|) Σ_{p∈P(i)} [s_ip/τ − log Σ_{a∈A(i)} exp(s_ia/τ)];
+    ``L_in``: ℓ_i = −log[(1/|P(i)|) Σ_{p∈P(i)} exp(s_ip/τ) / Σ_{a∈A(i)} exp(s_ia/τ)],
+    with ``A(i)`` every contrast but the anchor itself and ``P(i)`` those with its label. The paper
+    finds ``L_out`` better; τ = 0.1 is its CIFAR default. ``labels=None`` gives SimCLR (each sample
+    its own class). There is no base-temperature factor (equivalently τ_base = τ).
+
+    Anchors without a positive are left out of the mean (the reference counts them as 0 and still
+    divides by them, diluting the loss); with none, the loss is 0 and its gradient is zero.
+    ``reduction="none"`` returns per-anchor losses, 0 where an anchor has no positive.
+
+    Args:
+        features: ``V`` views of ``N`` samples, normalised inside.
+        labels: class of each sample, or ``None`` for instance discrimination.
+        contrast_mode: ``"all"`` uses every view as anchors, ``"one"`` only view 0.
+        gather: contrast against every rank's samples (gradient-correct all-gather); the
+            returned loss is this rank's share, and DDP's averaging makes the parameter
+            gradients those of one process holding the whole batch.
+        block_size: see :func:`shared.losses.core.masked_logsumexp`.
+
+    Shape:
+        features: ``(N, V, D)``; labels: ``(N,)``; result: scalar, or ``(N, V)`` (``"all"``) /
+        ``(N,)`` (``"one"``) with ``reduction="none"``.
+    """
+    check_features(features, "features", ndim=3)
+    check_positive(temperature, "temperature")
+    check_choice(variant, ("out", "in"), "variant")
+    check_choice(contrast_mode, ("all", "one"), "contrast_mode")
+    check_reduction(reduction)
+    N, V, D = features.shape
+    y = None if labels is None else check_labels(labels, N)
+
+    with autocast_off(features):
+        z = _normalize(features)  # (N, V, D)
+        z_all, offset = gather_with_offset(z) if gather else (z, 0)  # (Ng, V, D)
+        Ng = z_all.shape[0]
+        samples = torch.arange(offset, offset + N, device=z.device)  # (N,) global sample index
+        if y is None:  # instance discrimination: the global sample index is the class
+            ya_samples, yc_samples, classes = samples, torch.arange(Ng, device=z.device), Ng
+        else:
+            y_all = gather_no_grad(y) if gather else y  # (Ng,)
+            uniq, yc_samples = torch.unique(y_all, return_inverse=True)  # (C,), (Ng,)
+            ya_samples, classes = yc_samples[samples], uniq.shape[0]
+        contrasts = z_all.reshape(Ng * V, D)  # (Ng·V, D), row = sample·V + view
+        yc = yc_samples.repeat_interleave(V)  # (Ng·V,)
+        if contrast_mode == "all":
+            anchors = z.reshape(N * V, D)  # (N·V, D), local rows, sample-major
+            self_index = offset * V + torch.arange(N * V, device=z.device)  # (N·V,)
+            ya = ya_samples.repeat_interleave(V)  # (N·V,)
+        else:
+            anchors = z[:, 0]  # (N, D)
+            self_index = samples * V  # (N,)
+            ya = ya_samples
+
+        positive_sum, n_pos = _positive_logit_sums(anchors, contrasts, self_index, ya, yc, classes)
+        valid = n_pos > 0
+        if variant == "out":
+            lse = masked_logsumexp(
+                anchors, contrasts, temperature=temperature, self_index=self_index,
+                block_size=block_size,
+            )  # fmt: skip
+            per_anchor = lse.all - positive_sum / n_pos.clamp(min=1) / temperature  # (M,)
+        else:
+            lse = masked_logsumexp(
+                anchors, contrasts, temperature=temperature, self_index=self_index,
+                anchor_labels=ya, contrast_labels=yc, block_size=block_size,
+            )  # fmt: skip
+            assert lse.positive is not None
+            log_mean_pos = torch.where(valid, lse.positive, 0.0) - n_pos.clamp(min=1).to(z.dtype).log()
+            per_anchor = lse.all - log_mean_pos  # (M,)
+        loss = reduce(per_anchor, reduction, valid)
+    if reduction == "none":
+        return loss.reshape(N, V) if contrast_mode == "all" else loss
+    return loss
+
+
+def nt_xent_loss(
+    z1: Tensor,
+    z2: Tensor,
+    *,
+    temperature: float = 0.5,
+    gather: bool = False,
+    block_size: int | None = None,
+    reduction: Reduction = "mean",
+) -> Tensor:
+    """NT-Xent / InfoNCE of SimCLR (Chen et al. 2020, Eq. 1): SupCon with instance labels.
+
+    Each of the 2N views is an anchor whose positive is the other view of its sample and whose
+    negatives are the other 2N−2 views; the loss is the mean over the 2N anchors (the TF
+    reference returns twice this value: mind it when transferring learning rates). τ = 0.5 is the
+    paper's CIFAR default. Identical embeddings give log(2N−1).
+
+    Shape:
+        z1, z2: ``(N, D)``; result: scalar, or ``(N, 2)`` with ``reduction="none"``.
+    """
+    check_features(z1, "z1", ndim=2)
+    check_features(z2, "z2", ndim=2)
+    check_same_shape(z1, z2, "z1 and z2")
+    features = torch.stack([z1, z2], dim=1)  # (N, 2, D)
+    return supcon_loss(
+        features, None, temperature=temperature, gather=gather, block_size=block_size,
+        reduction=reduction,
+    )  # fmt: skip
+
+
+def graphcl_loss(
+    z1: Tensor,
+    z2: Tensor,
+    *,
+    temperature: float = 0.2,
+    block_size: int | None = None,
+    reduction: Reduction = "mean",
+) -> Tensor:
+    """The GraphCL paper's contrastive loss (You et al. 2020, the released code of every folder).
+
+    ℓ_i = −log(e^{s_ii'/τ} / Σ_{j≠i} e^{s_ij'/τ}): one direction only (view 1 anchors), negatives
+    from view 2 only, and the positive left OUT of the denominator, so the loss can be negative.
+    τ = 0.2 in the unsupervised TU experiments (0.5 semi-supervised, 0.1 transfer).
+
+    Shape:
+        z1, z2: ``(N, D)`` with N ≥ 2; result: scalar, or ``(N,)`` with ``reduction="none"``.
+    """
+    check_features(z1, "z1", ndim=2)
+    check_features(z2, "z2", ndim=2)
+    check_same_shape(z1, z2, "z1 and z2")
+    check_positive(temperature, "temperature")
+    check_reduction(reduction)
+    if z1.shape[0] < 2:
+        raise ValueError(f"graphcl_loss needs at least 2 samples (negatives), got {z1.shape[0]}")
+    with autocast_off(z1):
+        a, c = _normalize(z1), _normalize(z2)  # (N, D) each
+        own = torch.arange(a.shape[0], device=a.device)  # the positive column, left out
+        lse = masked_logsumexp(a, c, temperature=temperature, self_index=own, block_size=block_size)
+        per_anchor = lse.all - (a * c).sum(1) / temperature  # (N,)
+        return reduce(per_anchor, reduction)
+
+
+def npairs_loss(
+    anchors: Tensor,
+    positives: Tensor,
+    *,
+    temperature: float = 1.0,
+    normalize: bool = True,
+    block_size: int | None = None,
+    reduction: Reduction = "mean",
+) -> Tensor:
+    """Multi-class N-pair loss (Sohn 2016, Eq. 6): one positive and N−1 negatives per anchor.
+
+    ℓ_i = log(1 + Σ_{j≠i} exp((f_i·f⁺_j − f_i·f⁺_i)/τ)), i.e. a softmax cross-entropy of
+    anchor i over all positives with target i. Per anchor it equals SupCon with that anchor's
+    single positive and the other positives as negatives (tested). Sohn uses raw embeddings with
+    an L2 penalty (``normalize=False``, τ = 1); ``normalize=True`` uses cosine similarities.
+
+    Shape:
+        anchors, positives: ``(N, D)``; result: scalar, or ``(N,)`` with ``reduction="none"``.
+    """
+    check_features(anchors, "anchors", ndim=2)
+    check_features(positives, "positives", ndim=2)
+    check_same_shape(anchors, positives, "anchors and positives")
+    check_positive(temperature, "temperature")
+    check_reduction(reduction)
+    with autocast_off(anchors):
+        a, p = (_normalize(anchors), _normalize(positives)) if normalize else (anchors, positives)
+        lse = masked_logsumexp(a, p, temperature=temperature, block_size=block_size)
+        per_anchor = lse.all - (a * p).sum(1) / temperature  # (N,)
+        return reduce(per_anchor, reduction)
+
+
+def triplet_loss(
+    anchor: Tensor,
+    positive: Tensor,
+    negative: Tensor,
+    *,
+    margin: float = 0.2,
+    normalize: bool = True,
+    reduction: Reduction = "mean",
+) -> Tensor:
+    """Triplet loss on squared Euclidean distances (Schroff et al. 2015, FaceNet, Eq. 1).
+
+    ℓ_i = max(0, ‖a_i − p_i‖² − ‖a_i − n_i‖² + margin), margin α = 0.2 as in FaceNet, on
+    L2-normalised embeddings by default. Relation to SupCon (Khosla et al. 2020, Sec. 7 of the
+    supplement): with one positive and one negative per anchor SupCon is
+    softplus((‖a−p‖² − ‖a−n‖²)/(2τ)), so 2τ·SupCon → triplet loss with margin 0 as τ → 0 (tested).
+
+    Shape:
+        anchor, positive, negative: ``(N, D)``; result: scalar, or ``(N,)``.
+    """
+    for x, name in ((anchor, "anchor"), (positive, "positive"), (negative, "negative")):
+        check_features(x, name, ndim=2)
+    check_same_shape(anchor, positive, "anchor and positive")
+    check_same_shape(anchor, negative, "anchor and negative")
+    if not margin >= 0:
+        raise ValueError(f"margin must be >= 0, got {margin!r}")
+    check_reduction(reduction)
+    with autocast_off(anchor):
+        if normalize:
+            anchor, positive, negative = (_normalize(x) for x in (anchor, positive, negative))
+        d_pos = (anchor - positive).pow(2).sum(1)  # (N,)
+        d_neg = (anchor - negative).pow(2).sum(1)  # (N,)
+        return reduce(F.relu(d_pos - d_neg + margin), reduction)
+
+
+class SupConLoss(nn.Module):
+    """Module form of :func:`supcon_loss`; stores the settings only."""
+
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        variant: Variant = "out",
+        contrast_mode: ContrastMode = "all",
+        gather: bool = False,
+        block_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+        self.variant: Variant = variant
+        self.contrast_mode: ContrastMode = contrast_mode
+        self.gather, self.block_size = gather, block_size
+        check_choice(variant, ("out", "in"), "variant")
+        check_choice(contrast_mode, ("all", "one"), "contrast_mode")
+
+    def forward(self, features: Tensor, labels: Tensor | None = None) -> Tensor:
+        return supcon_loss(
+            features, labels, temperature=self.temperature, variant=self.variant,
+            contrast_mode=self.contrast_mode, gather=self.gather, block_size=self.block_size,
+        )  # fmt: skip
+
+
+class NTXentLoss(nn.Module):
+    """Module form of :func:`nt_xent_loss`."""
+
+    def __init__(
+        self, temperature: float = 0.5, gather: bool = False, block_size: int | None = None
+    ) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+        self.gather, self.block_size = gather, block_size
+
+    def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
+        return nt_xent_loss(
+            z1, z2, temperature=self.temperature, gather=self.gather, block_size=self.block_size
+        )
+
+
+class GraphCLLoss(nn.Module):
+    """Module form of :func:`graphcl_loss`."""
+
+    def __init__(self, temperature: float = 0.2, block_size: int | None = None) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+        self.block_size = block_size
+
+    def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
+        return graphcl_loss(z1, z2, temperature=self.temperature, block_size=self.block_size)
+
+
+class NPairsLoss(nn.Module):
+    """Module form of :func:`npairs_loss`."""
+
+    def __init__(self, temperature: float = 1.0, normalize: bool = True) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+        self.normalize = normalize
+
+    def forward(self, anchors: Tensor, positives: Tensor) -> Tensor:
+        return npairs_loss(
+            anchors, positives, temperature=self.temperature, normalize=self.normalize
+        )
+
+
+class TripletLoss(nn.Module):
+    """Module form of :func:`triplet_loss`."""
+
+    def __init__(self, margin: float = 0.2, normalize: bool = True) -> None:
+        super().__init__()
+        self.margin, self.normalize = margin, normalize
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return triplet_loss(anchor, positive, negative, margin=self.margin, normalize=self.normalize)

@@ -1,0 +1,192 @@
+"""Process set-up: seeding, device choice, the torchrun environment and data loaders.
+
+DESIGN.md, decision 3: multi-GPU and multi-node go through ``torchrun`` + DDP +
+``DistributedSampler``. This module reads the variables torchrun sets (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), starts and ends the process group, and builds
+loaders whose sample order is a pure function of ``(seed, epoch)``, which is what makes an
+interrupted run resume to the same result.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+__all__ = [
+    "DistEnv",
+    "cleanup_distributed",
+    "init_distributed",
+    "is_main_process",
+    "local_device",
+    "make_loader",
+    "seed_everything",
+    "select_device",
+    "set_epoch",
+]
+
+
+class DistEnv(NamedTuple):
+    """Where this process sits in a (possibly single-process) job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    is_distributed: bool
+
+
+SINGLE_PROCESS = DistEnv(rank=0, local_rank=0, world_size=1, is_distributed=False)
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python ``random``, numpy, torch and every CUDA device; return a fresh generator.
+
+    The global seeds cover third-party code that draws from the global RNGs; the returned
+    ``torch.Generator`` (seeded with ``seed``) is what our own augmentations and attacks should
+    take explicitly (STYLE.md: explicit randomness).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return generator
+
+
+def select_device(spec: Literal["auto", "cpu", "cuda"]) -> torch.device:
+    """Resolve a device choice: ``auto`` is CUDA when available, else CPU.
+
+    Asking for ``cuda`` on a machine without it is an error rather than a silent CPU run.
+    """
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was requested but CUDA is not available here")
+        return torch.device("cuda")
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {spec!r}")
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not an integer") from None
+
+
+def init_distributed(device: torch.device) -> DistEnv:
+    """Join the process group described by torchrun's environment, if there is one.
+
+    Without ``WORLD_SIZE`` (or with ``WORLD_SIZE=1``) this is a single-process run and nothing is
+    initialised. Otherwise the backend is NCCL for CUDA and gloo for CPU, and on CUDA the
+    process's device is set to ``LOCAL_RANK`` before the group starts (NCCL needs it).
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    if world_size < 1:
+        raise ValueError(f"WORLD_SIZE must be >= 1, got {world_size}")
+    if world_size == 1:
+        return SINGLE_PROCESS
+    rank = _env_int("RANK", -1)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK must be in [0, WORLD_SIZE={world_size}), got {rank}")
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise ValueError(f"WORLD_SIZE={world_size} but {missing} are not set; launch with torchrun")
+    if not torch_dist.is_available():
+        raise RuntimeError("torch.distributed is not available in this build of torch")
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not torch_dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        torch_dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, is_distributed=True)
+
+
+def local_device(device: torch.device, env: DistEnv) -> torch.device:
+    """The device this process should use: ``cuda:LOCAL_RANK`` for a CUDA job, else ``device``."""
+    if device.type == "cuda" and env.is_distributed:
+        return torch.device("cuda", env.local_rank)
+    return device
+
+
+def cleanup_distributed() -> None:
+    """Destroy the process group if one was started (safe to call in every run)."""
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def is_main_process() -> bool:
+    """True on rank 0 and in single-process runs: only the main process writes files."""
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_rank() == 0
+    return True
+
+
+def make_loader(
+    dataset: Dataset[Any],
+    batch_size: int,
+    *,
+    shuffle: bool,
+    drop_last: bool,
+    seed: int,
+    num_workers: int = 0,
+    dist: DistEnv | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    pin_memory: bool = False,
+) -> DataLoader[Any]:
+    """A ``DataLoader`` whose order depends only on ``(seed, epoch)``; sharded when distributed.
+
+    ``batch_size`` is per process. A ``DistributedSampler`` is used in single-process runs too
+    (one replica): its permutation is seeded with ``seed + epoch``, so epoch order is
+    reproducible on resume, and a 1-process and an N-process run see the same global batches
+    (rank ``r`` takes every N-th index). Call :func:`set_epoch` before each epoch.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    env = dist or SINGLE_PROCESS
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset,
+        num_replicas=env.world_size,
+        rank=env.rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+    )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
+    )
+
+
+def set_epoch(loader: object, epoch: int) -> None:
+    """Tell the loader's sampler which epoch starts, so its shuffle differs per epoch.
+
+    A no-op for loaders whose sampler has no ``set_epoch`` (a sequential sampler, a list).
+    """
+    sampler = getattr(loader, "sampler", None)
+    if sampler is None or not hasattr(sampler, "set_epoch"):
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        sampler = getattr(batch_sampler, "sampler", None)
+    if sampler is not None and hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)

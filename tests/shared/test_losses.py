@@ -1,0 +1,455 @@
+"""Executable specification of the contrastive losses: oracles, analytic values, invariances,
+gradients, precision and bad input. Oracles are literal loops over the paper formulas, float64."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import shared.losses.core as core
+from shared.losses import (
+    ConditionalContrastiveLoss,
+    GraphCLLoss,
+    NPairsLoss,
+    NTXentLoss,
+    SupConLoss,
+    TripletLoss,
+    conditional_contrastive_loss,
+    graphcl_loss,
+    masked_logsumexp,
+    npairs_loss,
+    nt_xent_loss,
+    supcon_loss,
+    triplet_loss,
+)
+
+SEEDS = (0, 1, 2)
+
+
+def _lse(values: list[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def supcon_oracle(
+    features: Tensor, labels: Tensor | None, tau: float, variant: str, mode: str
+) -> float:
+    """Khosla et al. Eq. 2 / Eq. 3 with loops; anchors without positives are left out."""
+    z = F.normalize(features.double(), dim=-1)
+    N, V, _ = z.shape
+    y = list(range(N)) if labels is None else labels.tolist()
+    rows = [(n, v) for n in range(N) for v in range(V)]
+    anchors = rows if mode == "all" else [(n, 0) for n in range(N)]
+    losses = []
+    for n, v in anchors:
+        others = [(m, w) for (m, w) in rows if (m, w) != (n, v)]
+        pos = [(m, w) for (m, w) in others if y[m] == y[n]]
+        if not pos:
+            continue
+        logit = {r: float(z[n, v] @ z[r[0], r[1]]) / tau for r in others}
+        denominator = _lse([logit[r] for r in others])
+        if variant == "out":
+            losses.append(-sum(logit[p] - denominator for p in pos) / len(pos))
+        else:
+            mean_pos = sum(math.exp(logit[p]) for p in pos) / len(pos)
+            losses.append(-(math.log(mean_pos) - denominator))
+    return sum(losses) / len(losses) if losses else 0.0
+
+
+def simclr_oracle(z1: Tensor, z2: Tensor, tau: float) -> float:
+    """SimCLR Algorithm 1 transcribed: ℓ(i, j) over the 2N views, mean of ℓ(2k−1,2k)+ℓ(2k,2k−1)."""
+    z = []
+    for k in range(z1.shape[0]):
+        z += [F.normalize(z1[k].double(), dim=0), F.normalize(z2[k].double(), dim=0)]
+    n2 = len(z)
+
+    def ell(i: int, j: int) -> float:
+        num = float(z[i] @ z[j]) / tau
+        return -(num - _lse([float(z[i] @ z[k]) / tau for k in range(n2) if k != i]))
+
+    return sum(ell(2 * k, 2 * k + 1) + ell(2 * k + 1, 2 * k) for k in range(n2 // 2)) / n2
+
+
+def two_c_oracle(emb: Tensor, proxies: Tensor, labels: Tensor, tau: float) -> float:
+    """ContraGAN Eq. 8 with loops."""
+    l_ = F.normalize(emb.double(), dim=1)
+    e = F.normalize(proxies.double(), dim=1)
+    y = labels.tolist()
+    total = 0.0
+    for i in range(len(y)):
+        proxy = math.exp(float(l_[i] @ e[i]) / tau)
+        others = [k for k in range(len(y)) if k != i]
+        num = proxy + sum(math.exp(float(l_[i] @ l_[k]) / tau) for k in others if y[k] == y[i])
+        den = proxy + sum(math.exp(float(l_[i] @ l_[k]) / tau) for k in others)
+        total += -math.log(num / den)
+    return total / len(y)
+
+
+def _features(seed: int, N: int, V: int, D: int = 5) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(N, V, D, generator=g, dtype=torch.float64)
+
+
+def _labels(seed: int, N: int, classes: int) -> Tensor:
+    return torch.randint(0, classes, (N,), generator=torch.Generator().manual_seed(seed + 100))
+
+
+# ---------------------------------------------------------------- oracles
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(("N", "V"), [(1, 1), (1, 2), (2, 1), (5, 2), (7, 3)])
+@pytest.mark.parametrize("variant", ["out", "in"])
+@pytest.mark.parametrize("mode", ["all", "one"])
+@pytest.mark.parametrize("block_size", [None, 1, 3])
+def test_supcon_matches_loop_oracle(
+    seed: int, N: int, V: int, variant: str, mode: str, block_size: int | None
+) -> None:
+    features = _features(seed, N, V)
+    for labels in (None, _labels(seed, N, 3)):
+        got = supcon_loss(
+            features, labels, temperature=0.3, variant=variant,  # type: ignore[arg-type]
+            contrast_mode=mode, block_size=block_size,  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert got.dtype == torch.float64
+        assert got.item() == pytest.approx(
+            supcon_oracle(features, labels, 0.3, variant, mode), abs=1e-10
+        )
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("N", [1, 2, 6])
+def test_nt_xent_matches_simclr_pseudocode(seed: int, N: int) -> None:
+    f = _features(seed, N, 2, D=4)
+    got = nt_xent_loss(f[:, 0], f[:, 1], temperature=0.5)
+    assert got.item() == pytest.approx(simclr_oracle(f[:, 0], f[:, 1], 0.5), abs=1e-10)
+
+
+def test_supcon_out_agrees_with_pytorch_metric_learning() -> None:
+    from pytorch_metric_learning.losses import SupConLoss as PMLSupCon  # type: ignore[import-untyped]
+
+    features = _features(0, 12, 2, D=8)
+    labels = torch.tensor([0, 1, 2, 3] * 3)  # every anchor has positives: no reducer quirks
+    ours = supcon_loss(features, labels, temperature=0.1)
+    peer = PMLSupCon(temperature=0.1)(features.reshape(24, 8), labels.repeat_interleave(2))
+    assert ours.item() == pytest.approx(peer.item(), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_graphcl_loss_matches_oracle_and_can_be_negative(seed: int) -> None:
+    f = _features(seed, 6, 2)
+    z1, z2 = F.normalize(f[:, 0], dim=1), F.normalize(f[:, 1], dim=1)
+    tau = 0.2
+    expected = 0.0
+    for i in range(6):
+        negatives = [float(z1[i] @ z2[j]) / tau for j in range(6) if j != i]
+        expected += -(float(z1[i] @ z2[i]) / tau - _lse(negatives))
+    assert graphcl_loss(f[:, 0], f[:, 1], temperature=tau).item() == pytest.approx(
+        expected / 6, abs=1e-10
+    )
+    same = graphcl_loss(z1, z1 + 1e-3 * z2, temperature=tau)  # positives far above negatives
+    assert same.item() < 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("normalize", [True, False])
+def test_npairs_matches_sohn_formula(seed: int, normalize: bool) -> None:
+    f = _features(seed, 5, 2) * 0.5
+    a, p = f[:, 0], f[:, 1]
+    if normalize:
+        a, p = F.normalize(a, dim=1), F.normalize(p, dim=1)
+    expected = 0.0
+    for i in range(5):
+        expected += math.log1p(
+            sum(math.exp(float(a[i] @ p[j] - a[i] @ p[i])) for j in range(5) if j != i)
+        )
+    got = npairs_loss(f[:, 0], f[:, 1], temperature=1.0, normalize=normalize)
+    assert got.item() == pytest.approx(expected / 5, abs=1e-10)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("block_size", [None, 2])
+def test_conditional_contrastive_matches_oracle(seed: int, block_size: int | None) -> None:
+    f = _features(seed, 8, 2)
+    labels = _labels(seed, 8, 3)
+    for tau in (1.0, 0.1):
+        got = conditional_contrastive_loss(
+            f[:, 0], f[:, 1], labels, temperature=tau, block_size=block_size
+        )
+        assert got.item() == pytest.approx(two_c_oracle(f[:, 0], f[:, 1], labels, tau), abs=1e-10)
+
+
+# ---------------------------------------------------------------- analytic values
+
+
+@pytest.mark.parametrize("N", [1, 2, 5, 64])
+def test_nt_xent_of_identical_embeddings_is_log_2n_minus_1(N: int) -> None:
+    z = torch.ones(N, 3)
+    assert nt_xent_loss(z, z, temperature=0.5).item() == pytest.approx(math.log(2 * N - 1), 1e-6)
+
+
+def test_supcon_with_one_positive_equals_nt_xent() -> None:
+    f = _features(3, 6, 2)
+    instance_labels = torch.arange(6)
+    for variant in ("out", "in"):
+        assert supcon_loss(f, instance_labels, temperature=0.2, variant=variant).item() == (  # type: ignore[arg-type]
+            pytest.approx(nt_xent_loss(f[:, 0], f[:, 1], temperature=0.2).item(), abs=1e-12)
+        )
+
+
+def test_two_c_loss_on_hand_made_vectors() -> None:
+    emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    proxies = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1])
+    e = math.e
+    expected = (
+        -math.log((e + 1) / (2 * e + 1)) - math.log(2 / 3) - math.log(1 / (e + 2))
+    ) / 3  # worked by hand from Eq. 8 with τ = 1
+    got = conditional_contrastive_loss(emb, proxies, labels, temperature=1.0)
+    assert got.item() == pytest.approx(expected, abs=1e-12)
+
+
+def test_supcon_with_one_positive_one_negative_is_a_soft_triplet_loss() -> None:
+    g = torch.Generator().manual_seed(0)
+    a, p, n = (F.normalize(torch.randn(4, 6, generator=g, dtype=torch.float64), dim=1) for _ in "apn")
+    labels = torch.tensor([0, 0, 1])
+    for tau in (1.0, 0.1, 0.01):
+        for i in range(4):
+            features = torch.stack([a[i], p[i], n[i]]).unsqueeze(1)  # (3, 1, D): one view
+            per_anchor = supcon_loss(features, labels, temperature=tau, reduction="none")
+            gap = ((a[i] - p[i]).pow(2).sum() - (a[i] - n[i]).pow(2).sum()).item()
+            assert per_anchor[0, 0].item() == pytest.approx(
+                math.log1p(math.exp(gap / (2 * tau))), rel=1e-9
+            )
+            hinge = triplet_loss(a[i : i + 1], p[i : i + 1], n[i : i + 1], margin=0.0).item()
+            # 2τ·softplus(x/2τ) lies in [relu(x), relu(x) + 2τ·log 2]: → triplet as τ → 0
+            scaled = 2 * tau * per_anchor[0, 0].item()
+            assert hinge - 1e-12 <= scaled <= hinge + 2 * tau * math.log(2) + 1e-12
+
+
+def test_supcon_with_one_positive_many_negatives_is_npairs() -> None:
+    g = torch.Generator().manual_seed(1)
+    a, p = torch.randn(5, 4, generator=g, dtype=torch.float64).unbind(0)[0], None
+    anchors = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    positives = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    per_npairs = npairs_loss(anchors, positives, temperature=0.5, reduction="none")
+    for i in range(5):
+        # anchor i, its positive, and the other positives as negatives: labels i, i, then others
+        others = [j for j in range(5) if j != i]
+        rows = torch.stack([anchors[i], positives[i], *positives[others]]).unsqueeze(1)
+        labels = torch.tensor([0, 0, *range(1, 5)])
+        features = rows
+        per_supcon = supcon_loss(features, labels, temperature=0.5, reduction="none")
+        # SupCon's anchor also sees its positive's row; N-pairs has no anchor-anchor term,
+        # and neither does this construction (the anchor is the only anchor-side row).
+        assert per_supcon[0, 0].item() == pytest.approx(per_npairs[i].item(), abs=1e-12)
+    del a, p
+
+
+def test_anchors_without_positives_are_excluded_and_never_nan() -> None:
+    f = _features(0, 4, 1).requires_grad_()
+    labels = torch.tensor([0, 1, 2, 2])  # only samples 2 and 3 have a positive
+    loss = supcon_loss(f, labels, temperature=0.1)
+    assert loss.item() == pytest.approx(supcon_oracle(f.detach(), labels, 0.1, "out", "all"))
+    per_anchor = supcon_loss(f, labels, temperature=0.1, reduction="none")
+    assert per_anchor[0].item() == 0.0 and per_anchor[1].item() == 0.0
+    assert loss.item() == pytest.approx(per_anchor[2:].mean().item(), abs=1e-12)
+    for variant in ("out", "in"):
+        none_positive = supcon_loss(f, torch.arange(4), variant=variant)  # type: ignore[arg-type]
+        assert none_positive.item() == 0.0
+        (grad,) = torch.autograd.grad(none_positive, f)
+        assert torch.equal(grad, torch.zeros_like(grad))
+
+
+# ---------------------------------------------------------------- fast path vs blockwise path
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("variant", ["out", "in"])
+@pytest.mark.parametrize("tau", [0.1, 0.005])  # 0.005 takes the max-shifted path in fp32
+def test_dense_and_blockwise_agree_in_value_and_gradient(
+    dtype: torch.dtype, variant: str, tau: float
+) -> None:
+    # fp32 logits carry a rounding error of ~1e-7/τ: below τ = 0.1 the bound grows with 1/τ
+    tol = 1e-10 if dtype == torch.float64 else 1e-6 * max(1.0, 0.1 / tau)
+    f = _features(7, 40, 2, D=16).to(dtype).requires_grad_()
+    labels = _labels(7, 40, 4)
+    dense = supcon_loss(f, labels, temperature=tau, variant=variant)  # type: ignore[arg-type]
+    (g_dense,) = torch.autograd.grad(dense, f)
+    for block in (1, 7, 33, 80):
+        blocked = supcon_loss(f, labels, temperature=tau, variant=variant, block_size=block)  # type: ignore[arg-type]
+        (g_block,) = torch.autograd.grad(blocked, f)
+        assert abs(blocked.item() - dense.item()) <= tol * max(1.0, abs(dense.item()))
+        assert (g_block - g_dense).abs().max().item() <= tol * max(1.0, g_dense.abs().max().item())
+
+
+def test_auto_mode_switches_to_blocks_above_the_dense_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    f = _features(1, 30, 2).requires_grad_()
+    labels = _labels(1, 30, 3)
+    dense = supcon_loss(f, labels)
+    (g_dense,) = torch.autograd.grad(dense, f)
+    seen: list[tuple[int, bool]] = []
+    original = core._MaskedLogSumExp.forward
+
+    def spy(ctx, a, c, scale, shift, self_index, ya, yc, block_size, cache):  # type: ignore[no-untyped-def]
+        seen.append((block_size, cache))
+        return original(ctx, a, c, scale, shift, self_index, ya, yc, block_size, cache)
+
+    monkeypatch.setattr(core._MaskedLogSumExp, "forward", staticmethod(spy))
+    monkeypatch.setattr(core, "DENSE_MAX_ELEMENTS", 100)
+    monkeypatch.setattr(core, "BLOCK_ELEMENTS", 600)
+    blocked = supcon_loss(f, labels)
+    (g_block,) = torch.autograd.grad(blocked, f)
+    assert seen == [(10, False)]  # 600 elements // 60 contrasts
+    assert blocked.item() == pytest.approx(dense.item(), abs=1e-12)
+    assert torch.allclose(g_block, g_dense, atol=1e-12)
+
+
+@pytest.mark.parametrize("shifted", [True, False])
+@pytest.mark.parametrize("labelled", [True, False])
+@pytest.mark.parametrize("block_size", [None, 2])
+def test_gradcheck_masked_logsumexp(shifted: bool, labelled: bool, block_size: int | None) -> None:
+    g = torch.Generator().manual_seed(0)
+    a = F.normalize(torch.randn(5, 3, generator=g, dtype=torch.float64), dim=1).requires_grad_()
+    c = F.normalize(torch.randn(7, 3, generator=g, dtype=torch.float64), dim=1).requires_grad_()
+    self_index = torch.tensor([0, 2, 4, 6, 1])
+    ya, yc = torch.tensor([0, 1, 0, 1, 2]), torch.tensor([0, 0, 1, 1, 0, 2, 1])
+    tau = 0.5 if shifted else 0.0013  # 2/τ > 700: the fp64 max-shifted path
+
+    def fn(a: Tensor, c: Tensor) -> tuple[Tensor, ...]:
+        out = masked_logsumexp(
+            a, c, temperature=tau, self_index=self_index, block_size=block_size,
+            anchor_labels=ya if labelled else None, contrast_labels=yc if labelled else None,
+        )  # fmt: skip
+        if out.positive is None:
+            return (out.all,)
+        # a row without positives has lse = -inf: gradcheck only the finite entries
+        return out.all, torch.where(torch.isfinite(out.positive), out.positive, 0.0)
+
+    assert torch.autograd.gradcheck(fn, (a, c), eps=1e-6, atol=1e-7 if shifted else 1e-4)
+
+
+def test_masked_logsumexp_matches_torch_logsumexp() -> None:
+    g = torch.Generator().manual_seed(0)
+    a, c = torch.randn(6, 4, generator=g), torch.randn(9, 4, generator=g)
+    self_index = torch.arange(6)
+    out = masked_logsumexp(a, c, temperature=0.7, self_index=self_index)
+    logits = a @ c.T / 0.7
+    logits[torch.arange(6), self_index] = -math.inf
+    assert torch.allclose(out.all, torch.logsumexp(logits, 1), atol=1e-5)
+
+
+# ---------------------------------------------------------------- invariances
+
+
+def test_invariances_view_swap_rescaling_permutation_and_inputs_unchanged() -> None:
+    f = _features(4, 10, 2)
+    labels = _labels(4, 10, 3)
+    before = (f.clone(), labels.clone())
+    base = supcon_loss(f, labels)
+    assert supcon_loss(f.flip(1), labels).item() == pytest.approx(base.item(), abs=1e-12)
+    assert supcon_loss(f * 3.7, labels).item() == pytest.approx(base.item(), abs=1e-12)
+    perm = torch.randperm(10, generator=torch.Generator().manual_seed(0))
+    assert supcon_loss(f[perm], labels[perm]).item() == pytest.approx(base.item(), abs=1e-12)
+    relabelled = labels * 10 + 5  # class ids are names, not indices
+    assert supcon_loss(f, relabelled).item() == pytest.approx(base.item(), abs=1e-12)
+    nt = nt_xent_loss(f[:, 0], f[:, 1])
+    assert nt_xent_loss(f[:, 1], f[:, 0]).item() == pytest.approx(nt.item(), abs=1e-12)
+    assert torch.equal(f, before[0]) and torch.equal(labels, before[1])
+
+
+def test_per_anchor_reduction_shapes() -> None:
+    f = _features(0, 4, 3)
+    assert supcon_loss(f, reduction="none").shape == (4, 3)
+    assert supcon_loss(f, contrast_mode="one", reduction="none").shape == (4,)
+    assert nt_xent_loss(f[:, 0], f[:, 1], reduction="none").shape == (4, 2)
+    total = supcon_loss(f, reduction="sum")
+    assert total.item() == pytest.approx(supcon_loss(f).item() * 12, rel=1e-12)
+
+
+# ---------------------------------------------------------------- precision
+
+
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_autocast_stays_finite(amp_dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 16, generator=g)
+    layer = torch.nn.Linear(16, 16)
+    labels = torch.randint(0, 4, (32,), generator=g)
+    with torch.autocast("cpu", dtype=amp_dtype):
+        z = layer(x)  # low-precision activations, as in a bf16 training loop
+        losses = [
+            supcon_loss(z.view(32, 2, 16), labels, temperature=0.05),
+            supcon_loss(z.view(32, 2, 16), labels, temperature=0.05, variant="in"),
+            nt_xent_loss(z[:32], z[32:], temperature=0.05),
+            conditional_contrastive_loss(z[:32], z[32:], labels, temperature=0.05),
+            graphcl_loss(z[:32], z[32:], temperature=0.05),
+        ]
+    for loss in losses:
+        assert loss.dtype == torch.float32 and torch.isfinite(loss)
+        loss.backward(retain_graph=True)
+        assert layer.weight.grad is not None and torch.isfinite(layer.weight.grad).all()
+
+
+def test_tiny_temperature_is_exact_in_float32() -> None:
+    f = _features(5, 8, 2).float()
+    labels = _labels(5, 8, 2)
+    for variant in ("out", "in"):
+        got = supcon_loss(f, labels, temperature=0.002, variant=variant)  # type: ignore[arg-type]
+        assert torch.isfinite(got)
+        assert got.item() == pytest.approx(
+            supcon_oracle(f.double(), labels, 0.002, variant, "all"), rel=1e-5
+        )
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_input_raises_value_error_naming_the_problem() -> None:
+    f = torch.randn(4, 2, 8)
+    with pytest.raises(ValueError, match="features must have 3 dims"):
+        supcon_loss(f[:, 0])
+    with pytest.raises(ValueError, match=r"labels must have shape \(4,\)"):
+        supcon_loss(f, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="labels must be integers"):
+        supcon_loss(f, torch.zeros(4))
+    bad = f.clone()
+    bad[1, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match="features holds 1 NaN"):
+        supcon_loss(bad)
+    for tau in (0.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="temperature must be"):
+            supcon_loss(f, temperature=tau)
+        with pytest.raises(ValueError, match="temperature must be"):
+            NTXentLoss(temperature=tau)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        supcon_loss(f, variant="both")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="z1 and z2 must have the same shape"):
+        nt_xent_loss(f[:, 0], f[:3, 1])
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        graphcl_loss(f[:1, 0], f[:1, 1])
+    with pytest.raises(ValueError, match="embeddings must have 2 dims"):
+        conditional_contrastive_loss(f, f, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="block_size must be a positive int"):
+        supcon_loss(f, block_size=0)
+    with pytest.raises(ValueError, match="margin must be >= 0"):
+        triplet_loss(f[:, 0], f[:, 1], f[:, 0], margin=-1.0)
+
+
+def test_modules_delegate_to_the_functions() -> None:
+    f = _features(2, 6, 2)
+    labels = _labels(2, 6, 2)
+    z1, z2 = f[:, 0], f[:, 1]
+    assert SupConLoss(0.2)(f, labels).item() == supcon_loss(f, labels, temperature=0.2).item()
+    assert NTXentLoss(0.3)(z1, z2).item() == nt_xent_loss(z1, z2, temperature=0.3).item()
+    assert GraphCLLoss(0.2)(z1, z2).item() == graphcl_loss(z1, z2, temperature=0.2).item()
+    assert NPairsLoss(0.5)(z1, z2).item() == npairs_loss(z1, z2, temperature=0.5).item()
+    assert TripletLoss(0.1)(z1, z2, z1.flip(0)).item() == (
+        triplet_loss(z1, z2, z1.flip(0), margin=0.1).item()
+    )
+    two_c = ConditionalContrastiveLoss(0.5)(z1, z2, labels).item()
+    assert two_c == conditional_contrastive_loss(z1, z2, labels, temperature=0.5).item()
