@@ -97,7 +97,9 @@ def save_checkpoint(path: PathLike, state: Mapping[str, Any]) -> Path:
     return target
 
 
-def load_checkpoint(path: PathLike, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
+def load_checkpoint(
+    path: PathLike, map_location: str | torch.device | None = "cpu"
+) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` with ``weights_only=True``.
 
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for a
@@ -109,7 +111,9 @@ def load_checkpoint(path: PathLike, map_location: str | torch.device | None = "c
     try:
         state = torch.load(source, map_location=map_location, weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as exc:
-        raise ValueError(f"checkpoint {source} is corrupt or not weights-only loadable: {exc}") from exc
+        raise ValueError(
+            f"checkpoint {source} is corrupt or not weights-only loadable: {exc}"
+        ) from exc
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint {source} holds a {type(state).__name__}, expected a dict")
     return state
@@ -164,14 +168,16 @@ def rng_state() -> dict[str, Tensor]:
     Tensors, not Python objects, so the state fits in a ``weights_only`` checkpoint.
     """
     version, internal, gauss_next = random.getstate()
-    np_state = np.random.get_state(legacy=True)
+    np_state = np.random.get_state(legacy=True)  # noqa: NPY002 - capturing the global state
     if not isinstance(np_state, tuple):
         raise TypeError("numpy returned a non-legacy RNG state; expected the MT19937 tuple")
     _, np_keys, np_pos, np_has_gauss, np_gauss = np_state
     state = {
         "torch": torch.get_rng_state(),
         "python": torch.tensor([version, *internal], dtype=torch.int64),
-        "python_gauss": torch.tensor([] if gauss_next is None else [gauss_next], dtype=torch.float64),
+        "python_gauss": torch.tensor(
+            [] if gauss_next is None else [gauss_next], dtype=torch.float64
+        ),
         "numpy": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
         "numpy_extra": torch.tensor([np_pos, np_has_gauss], dtype=torch.int64),
         "numpy_gauss": torch.tensor([np_gauss], dtype=torch.float64),
@@ -196,7 +202,7 @@ def set_rng_state(state: Mapping[str, Tensor]) -> None:
     gauss = state["python_gauss"].tolist()
     random.setstate((python[0], tuple(python[1:]), gauss[0] if gauss else None))
     pos, has_gauss = (int(v) for v in state["numpy_extra"].tolist())
-    np.random.set_state(
+    np.random.set_state(  # noqa: NPY002 - restoring the global state
         (
             "MT19937",
             state["numpy"].numpy().astype(np.uint32),

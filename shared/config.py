@@ -44,16 +44,20 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
     Unknown flags exit through argparse (status 2); unknown file keys raise ``ValueError``.
     """
     hints = _field_hints(cls)
-    pre = argparse.ArgumentParser(add_help=False)
+    # allow_abbrev=False: a prefix such as --temp must not silently mean --temperature.
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", type=Path, default=None)
     known, _ = pre.parse_known_args(argv)
     file_values = read_config_file(cls, known.config) if known.config is not None else {}
 
     doc = inspect.getdoc(cls) or ""
+    if doc.startswith(f"{cls.__name__}("):
+        doc = ""  # the signature dataclasses write when there is no docstring
     parser = argparse.ArgumentParser(
         prog=prog,
         description=doc.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument(
         "--config", type=Path, default=None, help="YAML or JSON file whose keys set the defaults"
@@ -65,10 +69,13 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
         _add_argument(parser, field, hints[field.name], default)
     namespace = vars(parser.parse_args(argv))
     namespace.pop("config")
-    values = {
-        name: _coerce(_none_list(value), hints[name], f"command line: --{name}")
-        for name, value in namespace.items()
-    }
+    try:
+        values = {
+            name: _coerce(_none_list(value), hints[name], f"--{name}")
+            for name, value in namespace.items()
+        }
+    except ValueError as exc:
+        parser.error(str(exc))  # exits with status 2 and the usage, like any bad flag
     return cls(**values)
 
 
@@ -88,7 +95,9 @@ def read_config_file(cls: type[DataclassInstance], path: str | Path) -> dict[str
     elif suffix == ".json":
         raw = json.loads(text)
     else:
-        raise ValueError(f"config file {source}: unsupported suffix {suffix!r}; use .yaml/.yml/.json")
+        raise ValueError(
+            f"config file {source}: unsupported suffix {suffix!r}; use .yaml/.yml/.json"
+        )
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ValueError(f"config file {source} must hold a mapping, got {type(raw).__name__}")
@@ -100,11 +109,17 @@ def read_config_file(cls: type[DataclassInstance], path: str | Path) -> dict[str
             f"config file {source}: unknown key {unknown[0]!r} (all unknown: {unknown}); "
             f"valid keys for {cls.__name__}: {valid}"
         )
-    return {key: _coerce(value, hints[key], f"config file {source}: key {key!r}") for key, value in raw.items()}
+    return {
+        key: _coerce(value, hints[key], f"config file {source}: key {key!r}")
+        for key, value in raw.items()
+    }
 
 
 def load_config(cls: type[C], path: str | Path) -> C:
-    """Build ``cls`` from a YAML/JSON file (e.g. a run's ``config.json``); missing keys take defaults."""
+    """Build ``cls`` from a YAML/JSON file (e.g. a run's ``config.json``).
+
+    Keys missing from the file take the dataclass defaults; unknown keys raise ``ValueError``.
+    """
     return cls(**read_config_file(cls, path))
 
 
@@ -214,7 +229,9 @@ def _add_argument(
     flags = [f"--{field.name}"]
     if "_" in field.name:
         flags.append(f"--{field.name.replace('_', '-')}")
-    kwargs: dict[str, Any] = {"dest": field.name, "help": field.metadata.get("help", " ")}
+    # argparse %-formats help strings; the default is appended by ArgumentDefaultsHelpFormatter.
+    help_text = str(field.metadata.get("help", field.name.replace("_", " "))).replace("%", "%%")
+    kwargs: dict[str, Any] = {"dest": field.name, "help": help_text}
     if default is dataclasses.MISSING:
         kwargs["required"] = True
     else:

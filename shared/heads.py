@@ -1,7 +1,7 @@
 """Projection heads (h -> z) and the linear classification head of linear evaluation.
 
 SimCLR (Chen et al. 2020a, Sec. 2.1) maps the representation h to z = g(h) with a 2-layer MLP,
-z = W2 ReLU(W1 h), and evaluates h, not z. SimCLR v2 (Chen et al. 2020b, Sec. 2) uses a deeper
+z = W2 ReLU(W1 h), and evaluates h, not z. SimCLR v2 (Chen et al. 2020b) uses a deeper
 head, 3 layers with batch norm, and fine-tunes from its middle layer. Both are `ProjectionHead`.
 """
 
@@ -98,7 +98,7 @@ def simclr_v1_head(in_dim: int, out_dim: int = 128) -> ProjectionHead:
     """SimCLR v1 head: Linear(in, in) -> ReLU -> Linear(in, out).
 
     The hidden width equals the representation width (2048 for ResNet-50) and z has 128 dims
-    (Chen et al. 2020a, Sec. 2.1 / B.1).
+    (Chen et al. 2020a, Sec. 2.1 and 3).
 
     Shape:
         - Input: (N, in_dim)
@@ -111,7 +111,7 @@ def simclr_v2_head(
     in_dim: int,
     out_dim: int = 128,  # SimCLR v2 keeps 128 (Chen et al. 2020b)
     hidden_dim: int | None = None,  # None: in_dim, as in the reference code
-    num_layers: int = 3,  # "a 3-layer projection head" (Chen et al. 2020b, Sec. 2)
+    num_layers: int = 3,  # 3-layer head (Chen et al. 2020b)
 ) -> ProjectionHead:
     """SimCLR v2 head: (Linear -> BN -> ReLU) x (num_layers - 1), then Linear -> BN (scale only).
 

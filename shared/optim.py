@@ -2,9 +2,9 @@
 
 `LARS` is SGD with momentum and weight decay whose step is rescaled per parameter tensor by a
 trust ratio (You, Gitman, Ginsburg 2017, "Large Batch Training of Convolutional Networks",
-Algorithm 1). SimCLR (Chen et al. 2020, Sec. B.1) trains with it at large batch sizes and excludes
-batch-norm parameters and biases from both weight decay and the adaptation; `lars_param_groups`
-builds the two parameter groups that do that.
+Algorithm 1). SimCLR trains with it at every batch size (Chen et al. 2020, Sec. 3) and its
+reference code excludes batch-norm parameters and biases from both weight decay and the
+adaptation; `lars_param_groups` builds the two parameter groups that do that.
 
 `warmup_cosine_schedule` is SimCLR's schedule: linear warm-up from 0, then cosine decay.
 """
@@ -85,9 +85,9 @@ class LARS(Optimizer):
     Args:
         params: parameters or parameter groups; groups may set `lars_adapt` (default True),
             `weight_decay`, `lr`, `momentum`, `trust_coefficient`, `nesterov`.
-        lr: learning rate; SimCLR uses 0.3 * batch_size / 256 (Chen et al. 2020, Sec. B.1).
-        momentum: 0.9 (SimCLR, Sec. B.1).
-        weight_decay: 1e-6 (SimCLR ImageNet, Sec. B.1).
+        lr: learning rate; SimCLR uses 0.3 * batch_size / 256 (Chen et al. 2020, Sec. 3).
+        momentum: 0.9 (SimCLR reference code default).
+        weight_decay: 1e-6 (SimCLR ImageNet, Sec. 3).
         trust_coefficient: eta = 1e-3 (You et al. 2017; SimCLR's `eeta`).
         nesterov: Nesterov momentum (off in SimCLR).
     """
@@ -96,8 +96,8 @@ class LARS(Optimizer):
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
         lr: float,
-        momentum: float = 0.9,  # SimCLR, Sec. B.1
-        weight_decay: float = 1e-6,  # SimCLR ImageNet, Sec. B.1
+        momentum: float = 0.9,  # SimCLR reference code default
+        weight_decay: float = 1e-6,  # SimCLR ImageNet (Chen et al. 2020, Sec. 3)
         trust_coefficient: float = 1e-3,  # You et al. 2017; SimCLR `eeta`
         nesterov: bool = False,
     ) -> None:
@@ -186,7 +186,7 @@ class _WarmupCosine:
 def warmup_cosine_schedule(
     optimizer: Optimizer,
     *,
-    warmup_steps: int,  # SimCLR: 10 epochs' worth of steps (Chen et al. 2020, Sec. B.1)
+    warmup_steps: int,  # SimCLR: 10 epochs' worth of steps (Chen et al. 2020, Sec. 3)
     total_steps: int,
     final_lr_ratio: float = 0.0,  # SimCLR decays to 0 (cosine without restarts)
 ) -> LambdaLR:

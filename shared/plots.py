@@ -110,21 +110,29 @@ def plot_tsne(
     seed: int,
     max_points: int = 2000,
     perplexity: float = 30.0,  # van der Maaten & Hinton 2008 / scikit-learn default
+    num_threads: int | None = None,
 ) -> Path:
     """2-D t-SNE (scikit-learn) of at most `max_points` rows, one colour and legend entry per label.
 
     Rows are subsampled uniformly with a generator seeded by `seed`, which also seeds TSNE.
+    `num_threads` caps the OpenMP threads of the t-SNE gradient (None: scikit-learn's default).
+    Set it to 1 when processes share the CPU (DDP ranks, pytest -n): oversubscribed OpenMP
+    barriers can make t-SNE several times slower than one thread.
 
     Shape:
         - features: (N, D), labels: (N,) int
     """
-    from sklearn.manifold import TSNE  # lazy: scikit-learn is only needed for this plot
+    # Lazy: scikit-learn (and threadpoolctl, its dependency) are only needed for this plot.
+    from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
 
     if features.ndim != 2 or labels.shape != (features.shape[0],):
         raise ValueError(
             f"expected features (N, D) and labels (N,), got {tuple(features.shape)} and "
             f"{tuple(labels.shape)}"
         )
+    if num_threads is not None and num_threads < 1:
+        raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
     if max_points < 2:
         raise ValueError(f"max_points must be >= 2, got {max_points}")
     N = features.shape[0]
@@ -141,10 +149,10 @@ def plot_tsne(
     tsne = TSNE(
         n_components=2, perplexity=perplexity, init="pca", learning_rate="auto", random_state=seed
     )
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), threadpool_limits(limits=num_threads, user_api="openmp"):
         # Version-dependent notices of scikit-learn (renamed arguments, changed defaults) do not
         # concern the caller; errors still raise.
-        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"sklearn\.")
         embedded = tsne.fit_transform(points)  # (n, 2)
 
     fig = Figure(figsize=(6.0, 6.0))

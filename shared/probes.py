@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 # Weight decays tried by default: 10^-6 ... 10^0. SimCLR's transfer protocol (Chen et al. 2020,
-# Sec. B.5, after Kornblith et al. 2019) searches 45 values in [1e-6, 1e5]; a coarser grid suffices
+# appendix, after Kornblith et al. 2019) searches 45 values in [1e-6, 1e5]; a coarser grid suffices
 # for monitoring and keeps the probe fast.
 DEFAULT_WEIGHT_DECAYS: tuple[float, ...] = tuple(10.0**e for e in range(-6, 1))
 
@@ -129,7 +129,7 @@ def _fit_logistic(
                 lbfgs.zero_grad()
                 loss = objective()
                 torch.autograd.backward(loss)
-                return float(loss)
+                return float(loss.detach())
 
             lbfgs.step(closure)  # type: ignore[no-untyped-call]
         else:
@@ -148,6 +148,13 @@ def _standardizer(x: Tensor) -> tuple[Tensor, Tensor]:
     return mean, torch.where(std > 0, std, torch.ones_like(std))
 
 
+class _FitSettings(NamedTuple):
+    optimizer: Literal["lbfgs", "adam"]
+    max_iter: int
+    lr: float
+    standardize: bool
+
+
 def _fit_and_score(
     fit_x: Tensor,
     fit_y: Tensor,
@@ -155,22 +162,16 @@ def _fit_and_score(
     eval_y: Tensor,
     num_classes: int,
     weight_decay: float,
-    settings: dict[str, Any],
+    settings: _FitSettings,
 ) -> float:
-    if settings["standardize"]:
+    if settings.standardize:
         mean, std = _standardizer(fit_x)
         fit_x, eval_x = (fit_x - mean) / std, (eval_x - mean) / std  # (N, D) each, new tensors
     weight, bias = _fit_logistic(
-        fit_x,
-        fit_y,
-        num_classes,
-        weight_decay,
-        settings["optimizer"],
-        settings["max_iter"],
-        settings["lr"],
+        fit_x, fit_y, num_classes, weight_decay, settings.optimizer, settings.max_iter, settings.lr
     )
     predictions = (eval_x @ weight.T + bias).argmax(dim=1)  # (N_eval,)
-    return float((predictions == eval_y).float().mean())
+    return int((predictions == eval_y).sum()) / eval_y.shape[0]
 
 
 @torch.no_grad()
@@ -180,7 +181,7 @@ def linear_probe(
     test_x: Tensor,
     test_y: Tensor,
     *,
-    optimizer: Literal["lbfgs", "adam"] = "lbfgs",  # SimCLR evaluates with L-BFGS (Sec. B.5)
+    optimizer: Literal["lbfgs", "adam"] = "lbfgs",  # SimCLR's transfer linear eval (appendix)
     weight_decay: float | Sequence[float] = DEFAULT_WEIGHT_DECAYS,
     val_fraction: float = 0.1,
     max_iter: int = 500,
@@ -221,7 +222,7 @@ def linear_probe(
     train_x = train_x.to(dtype)
     test_x = test_x.to(device=train_x.device, dtype=dtype)
     train_y, test_y = train_y.to(train_x.device), test_y.to(train_x.device)
-    settings = {"optimizer": optimizer, "max_iter": max_iter, "lr": lr, "standardize": standardize}
+    settings = _FitSettings(optimizer, max_iter, lr, standardize)
 
     best_wd, best_val = grid[0], float("nan")
     if val_fraction != 0.0:
@@ -245,18 +246,19 @@ def knn_probe(
     test_x: Tensor,
     test_y: Tensor,
     *,
-    k: int = 20,  # InstDisc (Wu et al. 2018) / SimCLR-style kNN monitor
-    temperature: float = 0.07,  # InstDisc's tau for exp(sim / tau) weights
+    k: int = 20,  # DINO (Caron et al. 2021); InstDisc (Wu et al. 2018) used 200
+    temperature: float = 0.07,  # InstDisc's tau for the exp(sim / tau) weights, kept by DINO
     weighted: bool = True,
     num_classes: int | None = None,
     chunk_size: int = 1024,
 ) -> float:
     """Accuracy of a k-nearest-neighbour vote under cosine similarity.
 
-    Each test row takes its k most similar train rows (cosine s); neighbour j votes for its class
-    with weight exp(s_j / temperature) (or 1 when `weighted=False`); the class with the largest
-    total wins (ties: the smallest class index). Test rows are processed `chunk_size` at a time,
-    so memory is O(chunk_size * N), never O(M * N).
+    The weighted vote of InstDisc (Wu et al. 2018), as in the kNN monitors of MoCo and
+    SimCLR re-implementations: each test row takes its k most similar train rows (cosine s);
+    neighbour j votes for its class with weight exp(s_j / temperature) (1 when `weighted=False`);
+    the class with the largest total wins (ties: the smallest class index). Test rows are
+    processed `chunk_size` at a time, so memory is O(chunk_size * N), never O(M * N).
 
     Shape:
         - train_x: (N, D), train_y: (N,) int
@@ -291,8 +293,8 @@ def alignment_uniformity(
     z1: Tensor,
     z2: Tensor,
     *,
-    alpha: float = 2.0,  # Wang & Isola 2020, Sec. 4.1
-    t: float = 2.0,  # Wang & Isola 2020, Sec. 4.1
+    alpha: float = 2.0,  # Wang & Isola 2020
+    t: float = 2.0,  # Wang & Isola 2020
 ) -> dict[str, float]:
     """Alignment and uniformity of paired embeddings (Wang & Isola 2020), both lower-is-better.
 

@@ -50,7 +50,7 @@ class RunDir:
         """Create ``root/pipeline/name/`` with ``checkpoints/`` and ``plots/``.
 
         ``name`` defaults to a timestamp (``-1``, ``-2`` ... appended if taken). An existing
-        non-empty folder is refused unless ``resume=True`` (continue in it; it must hold
+        folder holding any file is refused unless ``resume=True`` (continue in it; it must hold
         ``checkpoints/last.pt``) or ``overwrite=True`` (delete it first), so a typo never mixes
         two runs' files.
         """
@@ -72,7 +72,7 @@ class RunDir:
         if resume:
             if not run.last_checkpoint.is_file():
                 raise FileNotFoundError(f"cannot resume: {run.last_checkpoint} does not exist")
-        elif path.exists() and any(path.iterdir()):
+        elif path.exists() and any(entry.is_file() for entry in path.rglob("*")):
             if not overwrite:
                 raise FileExistsError(
                     f"run folder {path} is not empty; pass resume=True to continue it or "
@@ -184,7 +184,9 @@ class MetricsLogger:
             self.fieldnames += new_keys
             self._rewrite(old_rows)
         with self.path.open("a", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=self.fieldnames, restval="", lineterminator="\n")
+            writer = csv.DictWriter(
+                handle, fieldnames=self.fieldnames, restval="", lineterminator="\n"
+            )
             writer.writerow({"step": step, **values})
         if self._writer is not None:
             for key, value in values.items():

@@ -11,24 +11,30 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
 import torch.distributed as torch_dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 __all__ = [
     "DistEnv",
+    "autocast_dtype",
     "cleanup_distributed",
     "init_distributed",
     "is_main_process",
     "local_device",
     "make_loader",
+    "move_to_device",
     "seed_everything",
     "select_device",
     "set_epoch",
+    "unwrap",
+    "wrap_ddp",
 ]
 
 
@@ -54,7 +60,7 @@ def seed_everything(seed: int) -> torch.Generator:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - the global state is what third-party code draws from
     torch.manual_seed(seed)  # also seeds every CUDA device
     generator = torch.Generator()
     generator.manual_seed(seed)
@@ -190,3 +196,56 @@ def set_epoch(loader: object, epoch: int) -> None:
         sampler = getattr(batch_sampler, "sampler", None)
     if sampler is not None and hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)
+
+
+def wrap_ddp(
+    model: nn.Module, dist_env: DistEnv, *, find_unused_parameters: bool = False
+) -> nn.Module:
+    """Wrap ``model`` in ``DistributedDataParallel`` when the job is distributed, else return it.
+
+    The model must already be on this process's device (``cuda:LOCAL_RANK`` or CPU).
+    """
+    if not dist_env.is_distributed:
+        return model
+    param = next(model.parameters(), None)
+    on_cuda = param is not None and param.device.type == "cuda"
+    return DistributedDataParallel(
+        model,
+        device_ids=[dist_env.local_rank] if on_cuda else None,
+        find_unused_parameters=find_unused_parameters,
+    )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside a DDP wrapper (what checkpoints and evaluation use)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def autocast_dtype(amp: Literal["auto", "bf16", "off"], device: torch.device) -> torch.dtype | None:
+    """Decide the precision once: bf16 autocast on a GPU that has bf16 when ``auto``, else fp32.
+
+    Returns the autocast dtype, or ``None`` for plain fp32.
+    """
+    if amp == "off":
+        return None
+    if amp == "bf16":
+        return torch.bfloat16
+    if amp == "auto":
+        on_cuda = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if on_cuda else None
+    raise ValueError(f"amp must be 'auto', 'bf16' or 'off', got {amp!r}")
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Move tensors in nested tuples, lists and dicts (and objects with ``.to``, e.g. a PyG
+    ``Batch``) to ``device``; other leaves are returned as they are."""
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {key: move_to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(move_to_device(value, device) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(value, device) for value in batch)
+    to = getattr(batch, "to", None)
+    return to(device) if callable(to) else batch

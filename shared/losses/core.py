@@ -11,10 +11,11 @@ function with two paths:
 * **blockwise** (``block_size`` anchor rows at a time, recomputed in backward): extra memory
   O(block·K + (N + K)·D), so batches far beyond what fits as an N×K matrix work.
 
-Numerics. Logits are fp32 (fp64 stays fp64). Instead of a row max (an extra pass) the
-exponentials are shifted by a bound on every logit, ``max‖a‖·max‖c‖/τ`` (``1/τ`` for normalised
-rows), which is exact when every exponential stays a normal float (2·bound ≤ 80 in fp32). For a
-smaller τ the core falls back to max-shifted ``logsumexp`` with ``finfo.min`` masking.
+Numerics. Logits are fp32 (fp64 stays fp64). Instead of a row max (an extra pass over N×K) the
+core uses a bound on every logit, ``|L_ik| ≤ max‖a‖·max‖c‖/τ`` (``1/τ`` for normalised rows): while
+every ``exp(L_ik − shift)`` stays a normal float and the sums cannot overflow, the plain
+exponentials are exact (no shift at all for τ ≥ 0.025 in fp32, a constant shift up to τ ≈ 0.017).
+For a smaller τ the core falls back to max-shifted ``logsumexp`` with ``finfo.min`` masking.
 """
 
 from __future__ import annotations
@@ -32,8 +33,16 @@ __all__ = ["DENSE_MAX_ELEMENTS", "LogSumExps", "autocast_off", "masked_logsumexp
 # (2**26 fp32 = 256 MiB, N = K = 8192); above it, blocks of about BLOCK_ELEMENTS elements.
 DENSE_MAX_ELEMENTS = 2**26
 BLOCK_ELEMENTS = 2**23
-# exp(-x) is a normal float for x below ~87 (fp32) and ~708 (fp64): the fixed shift is exact then.
+# exp(-x) is a normal float for x below ~87 (fp32) and ~708 (fp64); the largest exponent kept,
+# e^40 (fp32) or e^350 (fp64), leaves room for sums over 10^20 contrasts without overflow.
 _SAFE_EXP_RANGE = {torch.float32: 80.0, torch.float64: 700.0}
+_EXP_HEADROOM = {torch.float32: 40.0, torch.float64: 350.0}
+
+
+def _fixed_shift(bound: float, dtype: torch.dtype) -> float | None:
+    """A constant shift that keeps every exponential in range, or ``None`` if none does."""
+    shift = max(0.0, bound - _EXP_HEADROOM[dtype])
+    return shift if bound + shift <= _SAFE_EXP_RANGE[dtype] else None
 
 
 class LogSumExps(NamedTuple):
@@ -90,7 +99,7 @@ def masked_logsumexp(
         a, c = anchors.to(dtype), contrasts.to(dtype)
         with torch.no_grad():  # a bound on every logit; the result does not depend on it
             bound = float(a.norm(dim=1).max() * c.norm(dim=1).max()) / temperature if M * K else 0.0
-        shift = bound if 2.0 * bound <= _SAFE_EXP_RANGE[dtype] else None
+        shift = _fixed_shift(bound, dtype)
         cache = block_size is None and M * K <= DENSE_MAX_ELEMENTS
         if block_size is None:
             block_size = M if cache else max(1, BLOCK_ELEMENTS // max(K, 1))
@@ -127,7 +136,10 @@ def _blocks(
 
 def _shifted_exp(a: Tensor, c: Tensor, scale: float, shift: float, block: _Block) -> Tensor:
     """``exp(a c^T · scale − shift)`` for one block, own column zeroed.  # (B, K)"""
-    E = torch.addmm(a.new_tensor(-shift), a[block.rows], c.T, alpha=scale).exp_()  # (B, K)
+    if shift == 0.0:  # the common case: one matrix product, one in-place exponential
+        E = torch.mm(a[block.rows] * scale, c.T).exp_()  # (B, K)
+    else:
+        E = torch.addmm(a.new_tensor(-shift), a[block.rows], c.T, alpha=scale).exp_()  # (B, K)
     if block.self_cols is not None:
         E.scatter_(1, block.self_cols, 0.0)
     return E
@@ -193,14 +205,19 @@ class _MaskedLogSumExp(torch.autograd.Function):
                         torch.logsumexp(Lp, 1), block.positive.sum(1)
                     )
         ctx.scale, ctx.shift, ctx.block_size = scale, shift, block_size
-        ctx.save_for_backward(a, c, self_index, ya, yc, lse_all, lse_pos, kept)
+        # The dense path keeps its exponentials outside save_for_backward: the first backward
+        # turns them into the gradient in place (no second N×K buffer); a repeated backward
+        # (retain_graph=True) finds the cache gone and recomputes, like the blockwise path.
+        ctx.kept = kept
+        ctx.save_for_backward(a, c, self_index, ya, yc, lse_all, lse_pos)
         if ya is None:
             ctx.mark_non_differentiable(lse_pos)
         return lse_all, lse_pos
 
     @staticmethod
     def backward(ctx: Any, g_all: Tensor | None, g_pos: Tensor | None) -> tuple[Tensor | None, ...]:
-        a, c, self_index, ya, yc, lse_all, lse_pos, kept = ctx.saved_tensors
+        a, c, self_index, ya, yc, lse_all, lse_pos = ctx.saved_tensors
+        kept, ctx.kept = ctx.kept, None
         scale, shift = ctx.scale, ctx.shift
         M = a.shape[0]
         if g_all is None:
@@ -212,13 +229,13 @@ class _MaskedLogSumExp(torch.autograd.Function):
             r = block.rows
             # G_ik = dLoss/dL_ik = g_all_i·softmax_all_ik + g_pos_i·softmax_pos_ik
             if shift is not None:
-                E = kept if kept is not None else _shifted_exp(a, c, scale, shift, block)
+                E = kept if kept is not None else _shifted_exp(a, c, scale, shift, block)  # (B, K)
                 weight = _softmax_weight(g_all[r], shift, lse_all[r]).unsqueeze(1)  # (B, 1)
                 if has_pos and block.positive is not None:
                     assert g_pos is not None
                     w_pos = _softmax_weight(g_pos[r], shift, lse_pos[r]).unsqueeze(1)  # (B, 1)
                     weight = weight + block.positive * w_pos  # (B, K)
-                G = E * weight  # (B, K)
+                G = E.mul_(weight)  # (B, K), E is ours to overwrite
             else:
                 L = _logits(a, c, scale, block)  # (B, K)
                 lse = lse_all[r].clamp_min(torch.finfo(L.dtype).min).unsqueeze(1)  # (B, 1)

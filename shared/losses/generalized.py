@@ -132,6 +132,8 @@ def generalized_contrastive_loss(
     check_positive(temperature, "temperature")
     if not math.isfinite(lam) or lam < 0:
         raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
     with autocast_off(h1):
         dtype = torch.float64 if h1.dtype == torch.float64 else torch.float32
         h1, h2 = h1.to(dtype), h2.to(dtype)
@@ -161,6 +163,8 @@ class GeneralizedContrastiveLoss(nn.Module):
     ) -> None:
         super().__init__()
         check_choice(prior, PRIORS, "prior")
+        if not math.isfinite(lam) or lam < 0:
+            raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
         self.prior: Prior = prior
         self.lam, self.scale = lam, scale
         self.temperature = check_positive(temperature, "temperature")

@@ -50,19 +50,23 @@ def _normalize(x: Tensor) -> Tensor:
 
 
 def _positive_logit_sums(
-    anchors: Tensor, contrasts: Tensor, self_index: Tensor, ya: Tensor, yc: Tensor, classes: int
+    anchors: Tensor, contrasts: Tensor, own: Tensor, ya: Tensor, yc: Tensor, classes: int
 ) -> tuple[Tensor, Tensor]:
     """``Σ_{p ∈ P(i)} a_i·c_p`` and ``|P(i)|`` through class sums, in O((M + K)·D).
 
-    ``ya``/``yc`` are class indices in ``[0, classes)``; the own column is left out.
+    ``ya``/``yc`` are class indices in ``[0, classes)``; ``own`` holds each anchor's own contrast
+    row, which is taken out of its class sum.
 
     Shape:
-        anchors: ``(M, D)``; contrasts: ``(K, D)``; results: ``(M,)`` each.
+        anchors, own: ``(M, D)``; contrasts: ``(K, D)``; results: ``(M,)`` each.
     """
     class_sums = contrasts.new_zeros(classes, contrasts.shape[1]).index_add(0, yc, contrasts)  # (C, D)
     counts = torch.bincount(yc, minlength=classes)  # (C,)
-    positives = class_sums[ya] - contrasts[self_index]  # (M, D): own row taken out
-    return (anchors * positives).sum(1), counts[ya] - 1
+    if classes <= anchors.shape[1]:  # few classes: an (M, C) product beats gathering (M, D) rows
+        to_class = (anchors @ class_sums.T).gather(1, ya.unsqueeze(1)).squeeze(1)  # (M,)
+    else:
+        to_class = (anchors * class_sums[ya]).sum(1)  # (M,)
+    return to_class - (anchors * own).sum(1), counts[ya] - 1
 
 
 def supcon_loss(
@@ -125,13 +129,15 @@ def supcon_loss(
         if contrast_mode == "all":
             anchors = z.reshape(N * V, D)  # (N·V, D), local rows, sample-major
             self_index = offset * V + torch.arange(N * V, device=z.device)  # (N·V,)
+            own = contrasts[offset * V : (offset + N) * V]  # (N·V, D), a view
             ya = ya_samples.repeat_interleave(V)  # (N·V,)
         else:
             anchors = z[:, 0]  # (N, D)
             self_index = samples * V  # (N,)
+            own = z_all[offset : offset + N, 0]  # (N, D), a view
             ya = ya_samples
 
-        positive_sum, n_pos = _positive_logit_sums(anchors, contrasts, self_index, ya, yc, classes)
+        positive_sum, n_pos = _positive_logit_sums(anchors, contrasts, own, ya, yc, classes)
         valid = n_pos > 0
         if variant == "out":
             lse = masked_logsumexp(

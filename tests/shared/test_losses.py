@@ -287,6 +287,16 @@ def test_dense_and_blockwise_agree_in_value_and_gradient(
         assert (g_block - g_dense).abs().max().item() <= tol * max(1.0, g_dense.abs().max().item())
 
 
+def test_repeated_backward_recomputes_the_consumed_cache() -> None:
+    f = _features(2, 20, 2).requires_grad_()
+    labels = _labels(2, 20, 3)
+    for variant in ("out", "in"):
+        loss = supcon_loss(f, labels, variant=variant)  # type: ignore[arg-type]
+        (first,) = torch.autograd.grad(loss, f, retain_graph=True)
+        (second,) = torch.autograd.grad(loss, f)
+        assert torch.allclose(first, second, atol=1e-14)
+
+
 def test_auto_mode_switches_to_blocks_above_the_dense_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     f = _features(1, 30, 2).requires_grad_()
     labels = _labels(1, 30, 3)

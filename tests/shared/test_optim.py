@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from shared.optim import LARS, lars_param_groups, warmup_cosine_schedule
 
 
-def _model() -> nn.Module:
+def _model() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(
         nn.Linear(5, 7), nn.BatchNorm1d(7), nn.ReLU(), nn.Linear(7, 3, bias=False)

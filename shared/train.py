@@ -1,0 +1,450 @@
+"""The one training loop every pipeline uses: precision, accumulation, DDP, logging, resume.
+
+DESIGN.md, decisions 2-4 and "Run directories": a pipeline provides ``train_step(model, batch)
+-> dict`` (with ``"loss"``) and calls :func:`fit`, which does once what nanoGPT's ``train.py``
+does: bf16 autocast on GPU (fp32 on CPU), gradient accumulation with DDP's ``no_sync``, clipping,
+optimizer and scheduler steps, ``check_finite`` on every loss, ``metrics.csv`` (+ TensorBoard),
+evaluation with ``best.pt``, and ``last.pt``, from which ``resume=True`` reaches bit for bit the
+weights and metrics of an uninterrupted run with the same seed: the checkpoint holds the weights,
+optimizer and scheduler states, the position in the epoch, and the RNG states right after the
+checkpoint and at the start of its epoch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, Protocol
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LRScheduler
+from tqdm.auto import tqdm
+
+from shared.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from shared.runs import MetricsLogger, RunDir
+from shared.runtime import (
+    SINGLE_PROCESS,
+    DistEnv,
+    autocast_dtype,
+    move_to_device,
+    set_epoch,
+    unwrap,
+    wrap_ddp,
+)
+
+__all__ = [
+    "FitResult",
+    "LoopConfig",
+    "autocast_dtype",
+    "check_finite",
+    "fit",
+    "move_to_device",
+    "unwrap",
+    "wrap_ddp",
+]
+
+TrainStep = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
+Evaluate = Callable[[nn.Module], Mapping[str, Tensor | float]]
+
+
+class SizedIterable(Protocol):
+    """What :func:`fit` needs of a loader: iteration and a length (a ``DataLoader``)."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __len__(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """Settings of :func:`fit`. ``epochs`` and/or ``max_steps`` bound the run (first one wins).
+
+    A step is one optimizer step over ``grad_accum_steps`` micro-batches. ``None`` for
+    ``eval_every``/``checkpoint_every`` means only at the last step, where the loop always logs,
+    evaluates (when given ``evaluate``) and saves ``last.pt``.
+    """
+
+    epochs: int | None = None
+    max_steps: int | None = None
+    grad_accum_steps: int = 1
+    log_every: int = 10
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    amp: Literal["auto", "bf16", "off"] = "auto"
+    clip_grad_norm: float | None = None
+    best_metric: str | None = None
+    best_mode: Literal["min", "max"] = "min"
+    progress: bool = True
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("LoopConfig needs epochs or max_steps")
+        for name in ("epochs", "max_steps", "eval_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        for name in ("grad_accum_steps", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.amp not in ("auto", "bf16", "off"):
+            raise ValueError(f"amp must be 'auto', 'bf16' or 'off', got {self.amp!r}")
+        if self.best_mode not in ("min", "max"):
+            raise ValueError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        bounds = [self.max_steps] if self.max_steps is not None else []
+        if self.epochs is not None:
+            bounds.append(self.epochs * steps_per_epoch)
+        return min(bounds)
+
+
+class FitResult(NamedTuple):
+    """Where :func:`fit` stopped: the step, the epoch (counting finished ones), the last logged
+    row, and the best value of ``loop_cfg.best_metric`` with its step (``None`` without one)."""
+
+    step: int
+    epoch: int
+    metrics: dict[str, float]
+    best: float | None
+    best_step: int | None
+
+
+@dataclass
+class _Progress:
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # micro-batches consumed in the current epoch
+    best: float | None = None
+    best_step: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def check_finite(value: Tensor | float, name: str, step: int) -> None:
+    """Raise ``FloatingPointError`` naming ``name`` and ``step`` if ``value`` has a NaN or inf.
+
+    Called on every loss before ``backward``, so a diverged step never reaches the optimizer
+    and the loop stops before it could write a checkpoint from poisoned weights.
+    """
+    if isinstance(value, Tensor):
+        value = value.detach()
+        finite = bool(torch.isfinite(value).all())
+    else:
+        finite = math.isfinite(float(value))
+    if not finite:
+        one = not isinstance(value, Tensor) or value.numel() == 1
+        shown = f"{float(value)}" if one else "a tensor with non-finite entries"
+        raise FloatingPointError(
+            f"{name} is {shown} at step {step}; training stopped so that the last good "
+            "checkpoint is not overwritten"
+        )
+
+
+def _backward(
+    model: nn.Module,
+    micro_batches: Iterator[Any],
+    train_step: TrainStep,
+    *,
+    accum: int,
+    clip_grad_norm: float | None,
+    dtype: torch.dtype | None,
+    device: torch.device,
+    step: int,
+) -> dict[str, Tensor]:
+    """Forward and backward over ``grad_accum_steps`` micro-batches; return their mean metrics.
+
+    Each loss is divided by the number of micro-batches so the accumulated gradient is that of
+    the mean over the whole step; DDP's gradient all-reduce runs on the last micro-batch only.
+    """
+    sums: dict[str, Tensor] = {}
+    for index, batch in enumerate(micro_batches):
+        sync_context: AbstractContextManager[Any] = nullcontext()
+        if isinstance(model, DistributedDataParallel) and index < accum - 1:
+            sync_context = model.no_sync()
+        with sync_context:
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                out = train_step(model, move_to_device(batch, device))
+            loss = out.get("loss")
+            if not isinstance(loss, Tensor):
+                raise ValueError(
+                    f"train_step must return a tensor 'loss'; it returned {sorted(out)}"
+                )
+            check_finite(loss, "loss", step)
+            torch.autograd.backward(loss.div(accum))
+        for key, value in out.items():
+            share = torch.as_tensor(value).detach().float() / accum
+            sums[key] = sums[key] + share if key in sums else share
+    if clip_grad_norm is not None:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+        check_finite(norm, "grad_norm", step)
+        sums["grad_norm"] = norm.detach()
+    return sums
+
+
+def _check_parameters(model: nn.Module, step: int) -> None:
+    """Refuse to checkpoint non-finite weights (a NaN gradient with a finite loss gets here)."""
+    for name, param in unwrap(model).named_parameters():
+        check_finite(param, f"parameter {name}", step)
+
+
+def _is_better(value: float, best: float | None, mode: Literal["min", "max"]) -> bool:
+    if not math.isfinite(value):
+        return False
+    return best is None or (value < best if mode == "min" else value > best)
+
+
+@dataclass
+class _Loop:
+    """What stays fixed during :func:`fit`; its methods save, restore, log and evaluate."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler | None
+    cfg: LoopConfig
+    run_dir: RunDir
+    evaluate: Evaluate | None
+    train_step: TrainStep
+    dtype: torch.dtype | None
+    device: torch.device
+    steps_per_epoch: int
+    total: int
+    main: bool
+
+    def start_epoch(
+        self, loader: SizedIterable, progress: _Progress, ckpt: dict[str, Any] | None
+    ) -> tuple[Iterator[Any], dict[str, Tensor]]:
+        """Return the epoch's batch iterator, positioned after ``progress.batch`` micro-batches,
+        and the RNG state at the epoch's start.
+
+        Resuming mid-epoch (``ckpt`` given), the loader is rebuilt from the epoch-start RNG
+        state (``iter`` may draw from it), the consumed batches are drawn again and dropped, and
+        the checkpoint's RNG state is restored. At an epoch boundary the checkpoint's state is
+        the epoch-start state.
+        """
+        mid_epoch = ckpt is not None and progress.batch > 0
+        if ckpt is not None:
+            set_rng_state(ckpt["epoch_rng"] if mid_epoch else ckpt["rng"])
+        epoch_rng = rng_state()
+        set_epoch(loader, progress.epoch)
+        batches = iter(loader)
+        for _ in range(progress.batch):
+            next(batches)
+        if ckpt is not None and mid_epoch:
+            set_rng_state(ckpt["rng"])
+        return batches, epoch_rng
+
+    def step(self, batches: Iterator[Any], progress: _Progress) -> tuple[dict[str, Tensor], float]:
+        """One optimizer step over ``grad_accum_steps`` micro-batches; return metrics and lr."""
+        accum = self.cfg.grad_accum_steps
+        sums = _backward(
+            self.model,
+            itertools.islice(batches, accum),
+            self.train_step,
+            accum=accum,
+            clip_grad_norm=self.cfg.clip_grad_norm,
+            dtype=self.dtype,
+            device=self.device,
+            step=progress.step + 1,
+        )
+        lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this step used
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        progress.step += 1
+        progress.batch += accum
+        return sums, lr
+
+    def save(self, path: Path, progress: _Progress, epoch_rng: dict[str, Tensor]) -> None:
+        """Write a checkpoint holding everything that decides the rest of the run."""
+        _check_parameters(self.model, progress.step)
+        epoch, batch = progress.epoch, progress.batch
+        if batch == self.steps_per_epoch * self.cfg.grad_accum_steps:
+            epoch, batch = epoch + 1, 0  # the epoch is complete: resume at the next one
+        state = {
+            "model": unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "step": progress.step,
+            "epoch": epoch,
+            "batch_in_epoch": batch,
+            "steps_per_epoch": self.steps_per_epoch,
+            "grad_accum_steps": self.cfg.grad_accum_steps,
+            "rng": rng_state(),
+            "epoch_rng": epoch_rng,
+            "best": progress.best,
+            "best_step": progress.best_step,
+            "metrics": dict(progress.metrics),
+        }
+        save_checkpoint(path, state)
+
+    def restore(self) -> tuple[_Progress, dict[str, Any]]:
+        """Load ``last.pt`` into the model, optimizer and scheduler; return the position."""
+        path = self.run_dir.last_checkpoint
+        ckpt = load_checkpoint(path, map_location="cpu")  # RNG states must stay on the CPU
+        saved = (ckpt.get("steps_per_epoch"), ckpt.get("grad_accum_steps"))
+        now = (self.steps_per_epoch, self.cfg.grad_accum_steps)
+        if saved != now:
+            raise ValueError(
+                f"{path} was written with (steps_per_epoch, grad_accum_steps) = {saved}, this "
+                f"run has {now}: the position in the epoch would mean different batches"
+            )
+        if (self.scheduler is None) != (ckpt["scheduler"] is None):
+            raise ValueError(f"{path}: a scheduler must be given now if and only if it was then")
+        unwrap(self.model).load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+        progress = _Progress(
+            step=ckpt["step"],
+            epoch=ckpt["epoch"],
+            batch=ckpt["batch_in_epoch"],
+            best=ckpt["best"],
+            best_step=ckpt["best_step"],
+            metrics=dict(ckpt["metrics"]),
+        )
+        return progress, ckpt
+
+    def run_evaluation(self, progress: _Progress, epoch_rng: dict[str, Tensor]) -> dict[str, float]:
+        """Evaluate the unwrapped model in eval mode; keep ``best.pt`` for ``cfg.best_metric``."""
+        assert self.evaluate is not None
+        self.model.eval()
+        results = {key: float(value) for key, value in self.evaluate(unwrap(self.model)).items()}
+        self.model.train()
+        metric = self.cfg.best_metric
+        if metric is None:
+            return results
+        if metric not in results:
+            raise ValueError(f"best_metric {metric!r} is not among evaluate's {sorted(results)}")
+        if _is_better(results[metric], progress.best, self.cfg.best_mode):
+            progress.best, progress.best_step = results[metric], progress.step
+            if self.main:
+                self.save(self.run_dir.best_checkpoint, progress, epoch_rng)
+        return results
+
+    def after_step(
+        self,
+        progress: _Progress,
+        sums: dict[str, Tensor],
+        lr: float,
+        epoch_rng: dict[str, Tensor],
+        logger: MetricsLogger | None,
+    ) -> dict[str, float]:
+        """Log, evaluate, then checkpoint after step ``progress.step``; return the logged row.
+
+        The checkpoint comes last so its RNG state includes whatever evaluation drew.
+        """
+        step, last = progress.step, progress.step == self.total
+        row: dict[str, float] = {}
+        if step % self.cfg.log_every == 0 or last:
+            row = {"epoch": progress.epoch, "lr": lr}
+            row.update({key: float(value) for key, value in sums.items()})
+        every = self.cfg.eval_every
+        if self.evaluate is not None and ((every is not None and step % every == 0) or last):
+            results = self.run_evaluation(progress, epoch_rng)
+            clash = sorted(set(results) & {"epoch", "lr", *sums})
+            if clash:
+                raise ValueError(f"evaluate returned {clash}, which clash with training metrics")
+            row.update(results)
+        if row:
+            progress.metrics = row
+            if logger is not None:
+                logger.log(step, row)
+        every = self.cfg.checkpoint_every
+        if self.main and ((every is not None and step % every == 0) or last):
+            self.save(self.run_dir.last_checkpoint, progress, epoch_rng)
+        return row
+
+
+def fit(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: SizedIterable,
+    train_step: TrainStep,
+    *,
+    loop_cfg: LoopConfig,
+    run_dir: RunDir,
+    device: torch.device,
+    scheduler: LRScheduler | None = None,
+    evaluate: Evaluate | None = None,
+    resume: bool = False,
+    dist_env: DistEnv | None = None,
+) -> FitResult:
+    """Train ``model`` with ``train_step`` over ``loader`` and keep the run folder up to date.
+
+    Per step: micro-batches are moved to ``device``, ``train_step`` runs under the autocast
+    decided once by ``loop_cfg.amp``, losses are checked and back-propagated, gradients are
+    clipped, then the optimizer and the scheduler step (the scheduler once per optimizer step).
+    Every ``log_every`` steps a row goes to ``metrics.csv`` (the step's mean over micro-batches,
+    ``lr`` and ``epoch``); every ``eval_every`` steps ``evaluate(unwrapped_model)`` runs in eval
+    mode on every rank and its metrics join the row (``best.pt`` follows ``best_metric``); every
+    ``checkpoint_every`` steps and at the end ``last.pt`` is written. Only rank 0 writes files,
+    and the training metrics it logs are its own (reduce them inside ``train_step`` when the
+    mean over ranks is wanted). The scheduler is stepped without arguments after every
+    optimizer step (per-step schedules; not ``ReduceLROnPlateau``). With ``resume=True`` the
+    loop continues from ``run_dir``'s ``last.pt``. An incomplete accumulation group at the end
+    of an epoch is skipped.
+    """
+    env = dist_env or SINGLE_PROCESS
+    if env.is_distributed and not isinstance(model, DistributedDataParallel):
+        raise ValueError("a distributed fit needs the model wrapped with wrap_ddp(model, dist_env)")
+    if loop_cfg.best_metric is not None and evaluate is None:
+        raise ValueError(f"best_metric={loop_cfg.best_metric!r} needs an evaluate function")
+    accum = loop_cfg.grad_accum_steps
+    steps_per_epoch = len(loader) // accum
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"the loader has {len(loader)} batches, fewer than grad_accum_steps={accum}"
+        )
+    loop = _Loop(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        cfg=loop_cfg,
+        run_dir=run_dir,
+        evaluate=evaluate,
+        train_step=train_step,
+        dtype=autocast_dtype(loop_cfg.amp, device),
+        device=device,
+        steps_per_epoch=steps_per_epoch,
+        total=loop_cfg.total_steps(steps_per_epoch),
+        main=env.rank == 0,
+    )
+    progress, ckpt = loop.restore() if resume else (_Progress(), None)
+    logger = None
+    if loop.main:
+        logger = MetricsLogger(
+            run_dir.metrics_path,
+            resume_step=progress.step if resume else None,
+            tensorboard_dir=run_dir.tensorboard_dir if loop_cfg.tensorboard else None,
+        )
+    show = loop.main and loop_cfg.progress
+    bar = tqdm(total=loop.total, initial=progress.step, unit="step", disable=not show)
+    model.train()
+    try:
+        while progress.step < loop.total:
+            batches, epoch_rng = loop.start_epoch(loader, progress, ckpt)
+            ckpt = None
+            while progress.batch < steps_per_epoch * accum and progress.step < loop.total:
+                sums, lr = loop.step(batches, progress)
+                bar.update(1)
+                row = loop.after_step(progress, sums, lr, epoch_rng, logger)
+                if "loss" in row:
+                    bar.set_postfix(loss=f"{row['loss']:.4g}", refresh=False)
+            if progress.batch == steps_per_epoch * accum:
+                progress.epoch, progress.batch = progress.epoch + 1, 0
+    finally:
+        bar.close()
+        if logger is not None:
+            logger.close()
+    return FitResult(
+        progress.step, progress.epoch, dict(progress.metrics), progress.best, progress.best_step
+    )

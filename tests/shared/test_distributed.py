@@ -1,0 +1,150 @@
+"""Distributed specification: with 2 gloo processes on CPU, ``gather=True`` losses and the
+DDP-averaged gradients equal one process holding the whole batch."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from shared.distributed import all_reduce_mean, gather_with_grad, gather_with_offset
+from shared.losses import conditional_contrastive_loss, nt_xent_loss, supcon_loss
+
+N, D_IN, D = 12, 6, 4
+WORLD = 2
+
+
+def _batch() -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(N, D_IN, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2] * 4)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Linear(D_IN, 2 * D).double()
+
+
+def _losses(out: Tensor, labels: Tensor, gather: bool) -> dict[str, Tensor]:
+    """Every gather-capable loss on the outputs of one linear layer."""
+    return {
+        "nt_xent": nt_xent_loss(out[:, :D], out[:, D:], temperature=0.5, gather=gather),
+        "supcon_out": supcon_loss(out.view(-1, 2, D), labels, temperature=0.1, gather=gather),
+        "supcon_in": supcon_loss(out.view(-1, 2, D), labels, variant="in", gather=gather),
+        "supcon_one_blocked": supcon_loss(
+            out.view(-1, 2, D), labels, contrast_mode="one", gather=gather, block_size=2
+        ),
+        "two_c": conditional_contrastive_loss(out[:, :D], out[:, D:], labels, gather=gather),
+    }
+
+
+def _single_process() -> dict[str, tuple[float, Tensor, Tensor]]:
+    x, labels = _batch()
+    results = {}
+    for name in _losses(_model()(x), labels, gather=False):
+        model = _model()
+        x_leaf = x.clone().requires_grad_()
+        loss = _losses(model(x_leaf), labels, gather=False)[name]
+        loss.backward()
+        assert model.weight.grad is not None and x_leaf.grad is not None
+        results[name] = (loss.item(), model.weight.grad.clone(), x_leaf.grad.clone())
+    return results
+
+
+def _worker(rank: int, port: int, queue: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        x, labels = _batch()
+        rows = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
+        results = {}
+        for name in _losses(_model()(x[rows]), labels[rows], gather=False):
+            model = DistributedDataParallel(_model())
+            x_leaf = x[rows].clone().requires_grad_()
+            loss = _losses(model(x_leaf), labels[rows], gather=True)[name]
+            loss.backward()
+            weight_grad = model.module.weight.grad
+            assert weight_grad is not None and x_leaf.grad is not None
+            results[name] = (all_reduce_mean(loss).item(), weight_grad.clone(), x_leaf.grad.clone())
+        # ranks with different numbers of rows: the gather pads and cuts
+        n_local = 2 + rank
+        local = torch.full((n_local, 3), float(rank), requires_grad=True)
+        gathered, offset = gather_with_offset(local)
+        weights = torch.arange(gathered.numel(), dtype=torch.float32).view_as(gathered)
+        (gathered * weights).sum().backward()
+        assert local.grad is not None
+        uneven = (gathered.detach(), offset, local.grad.clone(), weights[offset : offset + n_local])
+        # plain bytes: tensors sent as shared memory would die with this process
+        buffer = io.BytesIO()
+        torch.save((rank, results, uneven), buffer)
+        queue.put(buffer.getvalue())
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_workers(worker: Callable[[int, int, Any], None]) -> dict[int, Any]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    out = {}
+    for _ in procs:
+        rank, *rest = torch.load(io.BytesIO(queue.get(timeout=120)), weights_only=True)
+        out[rank] = rest
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def per_rank() -> dict[int, Any]:
+    """One 2-process run serves every test of this file (spawning costs seconds)."""
+    return _run_workers(_worker)
+
+
+def test_gather_losses_equal_the_single_process_run_on_the_whole_batch(
+    per_rank: dict[int, Any],
+) -> None:
+    expected = _single_process()
+    for rank in range(WORLD):
+        results, _ = per_rank[rank]
+        rows = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
+        for name, (loss, weight_grad, x_grad) in results.items():
+            full_loss, full_weight_grad, full_x_grad = expected[name]
+            assert abs(loss - full_loss) < 1e-12, name
+            # DDP averages over ranks: parameters see exactly the whole-batch gradient
+            assert torch.allclose(weight_grad, full_weight_grad, atol=1e-12), name
+            # each rank's inputs carry WORLD × their slice, which DDP's 1/WORLD cancels
+            assert torch.allclose(x_grad, WORLD * full_x_grad[rows], atol=1e-12), name
+
+
+def test_gather_with_uneven_batches_pads_and_cuts(per_rank: dict[int, Any]) -> None:
+    for rank in range(WORLD):
+        _, (gathered, offset, grad, weights) = per_rank[rank]
+        assert gathered.shape == (5, 3)
+        assert torch.equal(gathered[:, 0], torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0]))
+        assert offset == (0 if rank == 0 else 2)
+        assert torch.equal(grad, WORLD * weights)  # both ranks' sums used these rows
+
+
+def test_gather_is_the_identity_without_a_process_group() -> None:
+    x = torch.randn(3, 2)
+    assert gather_with_grad(x) is x
+    assert gather_with_offset(x).offset == 0

@@ -1,0 +1,202 @@
+"""Process set-up: seeding, devices, torchrun environment, loaders whose order is (seed, epoch)."""
+
+from __future__ import annotations
+
+import random
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from shared.runtime import (
+    DistEnv,
+    autocast_dtype,
+    cleanup_distributed,
+    init_distributed,
+    is_main_process,
+    local_device,
+    make_loader,
+    move_to_device,
+    seed_everything,
+    select_device,
+    set_epoch,
+    unwrap,
+    wrap_ddp,
+)
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _draws() -> tuple[float, float, float]:
+    return random.random(), float(np.random.rand()), torch.rand(1).item()  # noqa: NPY002
+
+
+def test_seed_everything_seeds_all_generators() -> None:
+    generator = seed_everything(5)
+    first = (*_draws(), torch.rand(1, generator=generator).item())
+    generator = seed_everything(5)
+    assert (*_draws(), torch.rand(1, generator=generator).item()) == first
+    seed_everything(6)
+    assert _draws() != first[:3]
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, True])
+def test_seed_everything_rejects_bad_seeds(seed: object) -> None:
+    with pytest.raises(ValueError, match="seed"):
+        seed_everything(seed)  # type: ignore[arg-type]
+
+
+def test_select_device() -> None:
+    assert select_device("cpu") == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert select_device("auto").type == expected
+    with pytest.raises(ValueError, match="'tpu'"):
+        select_device("tpu")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a CPU-only machine")
+def test_select_cuda_without_cuda_is_an_error() -> None:
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        select_device("cuda")
+
+
+def test_single_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    env = init_distributed(torch.device("cpu"))
+    assert env == DistEnv(rank=0, local_rank=0, world_size=1, is_distributed=False)
+    assert is_main_process()
+    cleanup_distributed()  # nothing to clean: must not raise
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not init_distributed(torch.device("cpu")).is_distributed
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two'"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE must be >= 1"),
+        ({"WORLD_SIZE": "2", "RANK": "2"}, r"RANK must be in \[0, WORLD_SIZE=2\)"),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, "MASTER_ADDR"),
+    ],
+)
+def test_bad_torchrun_environment(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
+        init_distributed(torch.device("cpu"))
+
+
+def test_local_device() -> None:
+    env = DistEnv(rank=3, local_rank=1, world_size=4, is_distributed=True)
+    assert local_device(torch.device("cuda"), env) == torch.device("cuda", 1)
+    assert local_device(torch.device("cpu"), env) == torch.device("cpu")
+
+
+def _dataset(n: int = 10) -> TensorDataset:
+    return TensorDataset(torch.arange(n))
+
+
+def _epoch(loader: DataLoader[tuple[torch.Tensor]], epoch: int) -> list[int]:
+    set_epoch(loader, epoch)
+    return [int(i) for (batch,) in loader for i in batch]
+
+
+def test_loader_order_is_a_function_of_seed_and_epoch() -> None:
+    loader = make_loader(_dataset(), 3, shuffle=True, drop_last=False, seed=1)
+    torch.manual_seed(0)
+    e0, e1 = _epoch(loader, 0), _epoch(loader, 1)
+    torch.manual_seed(123)  # the global RNG plays no part
+    again = make_loader(_dataset(), 3, shuffle=True, drop_last=False, seed=1)
+    assert _epoch(again, 1) == e1 and _epoch(again, 0) == e0
+    assert sorted(e0) == list(range(10)) and e0 != e1
+    other = make_loader(_dataset(), 3, shuffle=True, drop_last=False, seed=2)
+    assert _epoch(other, 0) != e0
+    plain = make_loader(_dataset(), 3, shuffle=False, drop_last=False, seed=1)
+    assert _epoch(plain, 0) == list(range(10))
+
+
+def test_drop_last_drops_the_partial_batch() -> None:
+    loader = make_loader(_dataset(10), 4, shuffle=False, drop_last=True, seed=0)
+    assert len(loader) == 2 and _epoch(loader, 0) == list(range(8))
+
+
+def test_sharded_loaders_split_the_single_process_batches() -> None:
+    single = make_loader(_dataset(16), 4, shuffle=True, drop_last=False, seed=3)
+    ranks = [
+        make_loader(
+            _dataset(16),
+            2,
+            shuffle=True,
+            drop_last=False,
+            seed=3,
+            dist=DistEnv(rank=r, local_rank=r, world_size=2, is_distributed=True),
+        )
+        for r in range(2)
+    ]
+    for epoch in range(2):
+        set_epoch(single, epoch)
+        for loader in ranks:
+            set_epoch(loader, epoch)
+        for (whole,), (part0,), (part1,) in zip(single, *ranks, strict=True):
+            assert sorted(whole.tolist()) == sorted(part0.tolist() + part1.tolist())
+
+
+def test_make_loader_validates() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        make_loader(_dataset(), 0, shuffle=False, drop_last=False, seed=0)
+    with pytest.raises(ValueError, match="num_workers"):
+        make_loader(_dataset(), 2, shuffle=False, drop_last=False, seed=0, num_workers=-1)
+
+
+def test_set_epoch_ignores_loaders_without_sampler_epoch() -> None:
+    set_epoch(DataLoader(_dataset(), batch_size=2), 3)
+    set_epoch([1, 2, 3], 3)
+
+
+class Pair(NamedTuple):
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class Moves:
+    def __init__(self) -> None:
+        self.device: torch.device | None = None
+
+    def to(self, device: torch.device) -> Moves:
+        self.device = device
+        return self
+
+
+def test_move_to_device_keeps_structure() -> None:
+    device = torch.device("cpu")
+    moved = move_to_device(
+        {"a": [torch.ones(1), (torch.zeros(1), 3)], "p": Pair(torch.ones(1), torch.ones(2))},
+        device,
+    )
+    assert isinstance(moved["a"], list) and isinstance(moved["a"][1], tuple)
+    assert moved["a"][1][1] == 3
+    assert isinstance(moved["p"], Pair) and moved["p"].y.shape == (2,)
+    assert move_to_device(Moves(), device).device == device
+
+
+def test_autocast_dtype_is_decided_once() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert autocast_dtype("auto", cpu) is None
+    assert autocast_dtype("off", cuda) is None
+    assert autocast_dtype("bf16", cpu) is torch.bfloat16
+    with pytest.raises(ValueError, match="'fp16'"):
+        autocast_dtype("fp16", cpu)  # type: ignore[arg-type]
+
+
+def test_wrap_ddp_is_identity_without_a_process_group() -> None:
+    model = nn.Linear(2, 2)
+    env = DistEnv(rank=0, local_rank=0, world_size=1, is_distributed=False)
+    assert wrap_ddp(model, env) is model and unwrap(model) is model
