@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m shared.demo
+	$(PY) examples/tour.py
 
 test: $(STAMP) lint typecheck pytest
 

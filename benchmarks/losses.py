@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shared.losses import nt_xent_loss, supcon_loss  # noqa: E402
+from shared.losses import nt_xent_loss, supcon_loss
 
 D, CLASSES, TAU = 128, 10, 0.1
 BLOCK = 128  # rows per block for the blockwise runs: memory O(N·128)

@@ -29,7 +29,9 @@ def check_features(x: object, name: str, ndim: int) -> Tensor:
 
 def check_same_shape(a: Tensor, b: Tensor, names: str) -> None:
     if a.shape != b.shape:
-        raise ValueError(f"{names} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(
+            f"{names} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
 
 
 def check_labels(labels: object, n: int, name: str = "labels") -> Tensor:
@@ -37,7 +39,9 @@ def check_labels(labels: object, n: int, name: str = "labels") -> Tensor:
     if not isinstance(labels, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(labels).__name__}")
     if labels.ndim != 1 or labels.shape[0] != n:
-        raise ValueError(f"{name} must have shape ({n},) to match the batch, got {tuple(labels.shape)}")
+        raise ValueError(
+            f"{name} must have shape ({n},) to match the batch, got {tuple(labels.shape)}"
+        )
     if labels.is_floating_point() or labels.is_complex():
         raise ValueError(f"{name} must be integers, got dtype {labels.dtype}")
     return labels.long()

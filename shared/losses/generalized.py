@@ -36,11 +36,19 @@ __all__ = [
 ]
 
 Prior = Literal["uniform_hypersphere", "normal", "uniform_hypercube", "decoupled_nt_xent"]
-PRIORS: tuple[str, ...] = ("uniform_hypersphere", "normal", "uniform_hypercube", "decoupled_nt_xent")
+PRIORS: tuple[str, ...] = (
+    "uniform_hypersphere",
+    "normal",
+    "uniform_hypercube",
+    "decoupled_nt_xent",
+)
 
 
 def random_orthogonal(
-    dim: int, *, generator: torch.Generator | None = None, device: torch.device | None = None,
+    dim: int,
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """A Haar-random orthogonal matrix: QR of a Gaussian matrix with the signs of R's diagonal
@@ -51,13 +59,18 @@ def random_orthogonal(
     """
     g = torch.randn(dim, dim, generator=generator, device=device, dtype=torch.float64)
     q, r = torch.linalg.qr(g)
-    q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)  # (D, D) unique, Haar-distributed
-    return q.to(dtype)
+    signs: Tensor = torch.sign(torch.diagonal(r))  # (D,)
+    haar: Tensor = q * signs.unsqueeze(0)  # (D, D) unique, Haar-distributed
+    return haar.to(dtype)
 
 
 def sample_prior(
-    prior: Prior, shape: tuple[int, int], *, generator: torch.Generator | None = None,
-    device: torch.device | None = None, dtype: torch.dtype = torch.float32,
+    prior: Prior,
+    shape: tuple[int, int],
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Samples of a sliced-Wasserstein prior: N(0,1) rows normalised (hypersphere), N(0,1)
     (normal) or U(−1, 1) (hypercube).
@@ -145,7 +158,9 @@ def generalized_contrastive_loss(
         if prior == "decoupled_nt_xent":
             dist = (torch.logsumexp(H @ H.T / temperature, dim=1) - math.log(D)).mean()
         else:
-            samples = sample_prior(prior, (N2, D), generator=generator, device=H.device, dtype=dtype)
+            samples = sample_prior(
+                prior, (N2, D), generator=generator, device=H.device, dtype=dtype
+            )
             dist = sliced_wasserstein_distance(H, samples, generator=generator)
         return scale * (align + lam * dist)
 

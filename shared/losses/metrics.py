@@ -22,7 +22,8 @@ def alignment(z1: Tensor, z2: Tensor, *, alpha: float = 2.0) -> Tensor:
     check_features(z2, "z2", ndim=2)
     check_same_shape(z1, z2, "z1 and z2")
     check_positive(alpha, "alpha")
-    return (F.normalize(z1, dim=1) - F.normalize(z2, dim=1)).norm(dim=1).pow(alpha).mean()
+    distances: Tensor = (F.normalize(z1, dim=1) - F.normalize(z2, dim=1)).norm(dim=1)  # (N,)
+    return distances.pow(alpha).mean()
 
 
 def uniformity(z: Tensor, *, t: float = 2.0) -> Tensor:

@@ -60,7 +60,9 @@ def _positive_logit_sums(
     Shape:
         anchors, own: ``(M, D)``; contrasts: ``(K, D)``; results: ``(M,)`` each.
     """
-    class_sums = contrasts.new_zeros(classes, contrasts.shape[1]).index_add(0, yc, contrasts)  # (C, D)
+    class_sums = contrasts.new_zeros(classes, contrasts.shape[1]).index_add(
+        0, yc, contrasts
+    )  # (C, D)
     counts = torch.bincount(yc, minlength=classes)  # (C,)
     if classes <= anchors.shape[1]:  # few classes: an (M, C) product beats gathering (M, D) rows
         to_class = (anchors @ class_sums.T).gather(1, ya.unsqueeze(1)).squeeze(1)  # (M,)
@@ -151,7 +153,9 @@ def supcon_loss(
                 anchor_labels=ya, contrast_labels=yc, block_size=block_size,
             )  # fmt: skip
             assert lse.positive is not None
-            log_mean_pos = torch.where(valid, lse.positive, 0.0) - n_pos.clamp(min=1).to(z.dtype).log()
+            log_mean_pos = (
+                torch.where(valid, lse.positive, 0.0) - n_pos.clamp(min=1).to(z.dtype).log()
+            )
             per_anchor = lse.all - log_mean_pos  # (M,)
         loss = reduce(per_anchor, reduction, valid)
     if reduction == "none":
@@ -361,4 +365,6 @@ class TripletLoss(nn.Module):
         self.margin, self.normalize = margin, normalize
 
     def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
-        return triplet_loss(anchor, positive, negative, margin=self.margin, normalize=self.normalize)
+        return triplet_loss(
+            anchor, positive, negative, margin=self.margin, normalize=self.normalize
+        )

@@ -215,7 +215,9 @@ def test_two_c_loss_on_hand_made_vectors() -> None:
 
 def test_supcon_with_one_positive_one_negative_is_a_soft_triplet_loss() -> None:
     g = torch.Generator().manual_seed(0)
-    a, p, n = (F.normalize(torch.randn(4, 6, generator=g, dtype=torch.float64), dim=1) for _ in "apn")
+    a, p, n = (
+        F.normalize(torch.randn(4, 6, generator=g, dtype=torch.float64), dim=1) for _ in "apn"
+    )
     labels = torch.tensor([0, 0, 1])
     for tau in (1.0, 0.1, 0.01):
         for i in range(4):
@@ -297,7 +299,9 @@ def test_repeated_backward_recomputes_the_consumed_cache() -> None:
         assert torch.allclose(first, second, atol=1e-14)
 
 
-def test_auto_mode_switches_to_blocks_above_the_dense_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_mode_switches_to_blocks_above_the_dense_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     f = _features(1, 30, 2).requires_grad_()
     labels = _labels(1, 30, 3)
     dense = supcon_loss(f, labels)

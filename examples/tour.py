@@ -1,0 +1,109 @@
+"""The `make demo` tour: run the quick preset of every pipeline that exists, write one report.
+
+Today the pipelines of `graphcl`, `imagecl` and `contragan` are still to come, so the tour runs
+`examples/minimal_simclr.py` (a user-owned loop with our NT-Xent on scikit-learn's digits) and
+writes `runs/demo/report.md` with its plots and numbers.
+
+    python examples/tour.py [--out runs/demo] [--epochs 100] [--seeds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+import minimal_simclr  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+
+from shared.plots import plot_loss_curves, plot_tsne, save_image_grid  # noqa: E402
+from shared.runs import RunDir, write_report, write_summary  # noqa: E402
+
+
+def simclr_digits_section(out: RunDir, epochs: int, seeds: int) -> tuple[dict[str, object], str]:
+    """Train the minimal SimCLR example over a few seeds, plot it, compare honestly."""
+    start = time.perf_counter()
+    results = [minimal_simclr.main(epochs=epochs, seed=seed) for seed in range(seeds)]
+    seconds = time.perf_counter() - start
+    losses = [float(v) for v in results[0]["losses"]]  # type: ignore[attr-defined]
+    plot_loss_curves({"step": list(range(len(losses))), "nt_xent": losses},
+                     out.plots / "simclr_digits_loss.png", keys=["nt_xent"])  # fmt: skip
+    first = results[0]
+    test = first["test"]
+    plot_tsne(first["features"][test], first["labels"][test],  # type: ignore[index]
+              out.plots / "simclr_digits_tsne.png", seed=0, num_threads=1)  # fmt: skip
+    x = torch.tensor(load_digits().data[:8], dtype=torch.float32) / 16.0  # (8, 64)
+    g = torch.Generator().manual_seed(0)
+    views = [x, minimal_simclr.augment(x, g), minimal_simclr.augment(x, g)]
+    grid = torch.cat(views).view(-1, 1, 8, 8).clamp(0, 1)  # (24, 1, 8, 8): rows = raw, view 1, 2
+    save_image_grid(grid, out.plots / "simclr_digits_views.png", nrow=8)
+
+    learned = torch.tensor([float(r["probe_accuracy"]) for r in results])  # type: ignore[arg-type]
+    raw = torch.tensor([float(r["raw_pixel_accuracy"]) for r in results])  # type: ignore[arg-type]
+    wins = int((learned > raw).sum())
+    gap = float((learned - raw).mean())
+    verdict = (
+        f"Over {seeds} seeds (each its own split and training run) the SimCLR representation "
+        f"scores {100 * learned.mean():.1f} % against {100 * raw.mean():.1f} % for the raw "
+        f"pixels (mean gap {100 * gap:+.1f} points; better in {wins} of {seeds} seeds). "
+        + (
+            "It beats the raw-pixel baseline on average."
+            if gap > 0
+            else "It does NOT beat the raw-pixel baseline on average: on 8×8 digits a linear "
+            "model on the pixels is already strong."
+        )
+    )
+    summary: dict[str, object] = {
+        "simclr_digits/linear_probe_accuracy_mean": float(learned.mean()),
+        "simclr_digits/raw_pixel_accuracy_mean": float(raw.mean()),
+        "simclr_digits/linear_probe_accuracy_per_seed": [round(float(v), 4) for v in learned],
+        "simclr_digits/raw_pixel_accuracy_per_seed": [round(float(v), 4) for v in raw],
+        "simclr_digits/beats_raw_pixels": gap > 0,
+        "simclr_digits/final_loss_seed0": losses[-1],
+        "simclr_digits/epochs": epochs,
+        "simclr_digits/seconds": round(seconds, 1),
+    }
+    text = (
+        "`examples/minimal_simclr.py`: an MLP encoder (64→256→128) with a SimCLR v1 head, "
+        f"trained for {epochs} epochs (batch 512) on 1200 of scikit-learn's 1797 digits with "
+        "two views per image (random affine warp, pixel drop, noise; the views plot shows raw "
+        "digits, then view 1, then view 2) and `nt_xent_loss` (τ = 0.2). Evaluation: an "
+        "L2-regularised logistic regression (L-BFGS, weight decay picked on a held-out 10 % of "
+        "train) on the frozen 128-d representation, against the same probe on the 64 raw "
+        f"pixels, on the 597 remaining digits.\n\n{verdict}"
+    )
+    return summary, text
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description="Run the demo tour and write its report.")
+    parser.add_argument("--out", default="runs/demo")
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args(argv)
+    out = RunDir(Path(args.out))
+    out.plots.mkdir(parents=True, exist_ok=True)
+    summary, text = simclr_digits_section(out, args.epochs, args.seeds)
+    write_summary(out.summary_path, summary)
+    report = write_report(
+        out,
+        "contrastkit demo tour",
+        {
+            "SimCLR on digits": text,
+            "What is not in the tour yet": "The GraphCL, image and ContraGAN pipelines have "
+            "not landed; each adds its quick preset to this tour when it does.",
+        },
+        summary=summary,
+    )
+    print(f"report: {report}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
