@@ -1,0 +1,15 @@
+"""The ``contragan`` console script: ``contragan <pipeline> [options]``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shared.cli import PipelineMain, dispatch
+
+# name -> (one-line help, main(argv)); each pipeline adds itself here when it lands
+PIPELINES: dict[str, tuple[str, PipelineMain]] = {}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``contragan`` command."""
+    return dispatch("contragan", (__doc__ or "").strip(), PIPELINES, argv)

@@ -1,0 +1,43 @@
+"""The console scripts' common front: ``graphcl``, ``imagecl`` and ``contragan`` each dispatch
+``<prog> <pipeline> [options]`` to the ``main(argv)`` of one of their pipelines."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+
+__all__ = ["PipelineMain", "dispatch"]
+
+PipelineMain = Callable[[list[str]], object]
+
+
+def dispatch(
+    prog: str,
+    description: str,
+    pipelines: Mapping[str, tuple[str, PipelineMain]],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Run ``pipelines[name]``'s main with the remaining arguments; list them on ``--help``.
+
+    ``pipelines`` maps a command name to ``(one-line help, main)``. Returns the exit status.
+    """
+    listing = "\n".join(f"  {name:16} {text}" for name, (text, _) in pipelines.items())
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=f"pipelines:\n{listing}"
+        if pipelines
+        else "no pipeline has landed in this package yet",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("pipeline", nargs="?", help="the pipeline to run; its --help lists options")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    ns = parser.parse_args(argv)
+    if ns.pipeline is None:
+        parser.print_help()
+        return 0
+    if ns.pipeline not in pipelines:
+        known = ", ".join(pipelines) or "none yet"
+        parser.error(f"unknown pipeline {ns.pipeline!r} (available: {known})")
+    pipelines[ns.pipeline][1](list(ns.args))
+    return 0
