@@ -139,7 +139,15 @@ def supcon_loss(
             own = z_all[offset : offset + N, 0]  # (N, D), a view
             ya = ya_samples
 
-        positive_sum, n_pos = _positive_logit_sums(anchors, contrasts, own, ya, yc, classes)
+        if y is None:  # SimCLR: the positives are the sample's other views, all local
+            others = z.sum(1, keepdim=True) - z  # (N, V, D): sum of the other views
+            positive_sum = (z * others).sum(-1)  # (N, V)
+            positive_sum = (
+                positive_sum.reshape(-1) if contrast_mode == "all" else positive_sum[:, 0]
+            )
+            n_pos = torch.full_like(positive_sum, V - 1, dtype=torch.long)  # (M,)
+        else:
+            positive_sum, n_pos = _positive_logit_sums(anchors, contrasts, own, ya, yc, classes)
         valid = n_pos > 0
         if variant == "out":
             lse = masked_logsumexp(
