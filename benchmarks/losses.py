@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -94,7 +95,7 @@ def fwd_bwd(fn: LossFn, features: Tensor, labels: Tensor) -> float:
     features.grad = None
     loss = fn(features, labels)
     loss.backward()
-    return float(loss)
+    return float(loss.detach())
 
 
 def floor_fn(n_rows: int) -> Callable[[], None]:
@@ -191,7 +192,11 @@ def big_run(method: str, n_rows: int, cap_gib: float) -> dict[str, object]:
     if proc.returncode == 0 and lines:
         return dict(json.loads(lines[-1]))
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"method": method, "N": n_rows, "error": tail[:120]}
+    asked = re.search(r"allocate (\d+) bytes", tail)
+    if asked:
+        gib = int(asked.group(1)) / 2**30
+        return {"method": method, "N": n_rows, "error": f"out of memory (asked for {gib:.1f} GiB)"}
+    return {"method": method, "N": n_rows, "error": tail[:160]}
 
 
 def child(method: str, n_rows: int) -> None:
@@ -203,7 +208,10 @@ def child(method: str, n_rows: int) -> None:
     seconds = time.perf_counter() - start
     grad = features.grad
     finite = bool(grad is not None and torch.isfinite(grad).all())
-    print(json.dumps({"method": method, "N": n_rows, "seconds": seconds, "finite_grad": finite}))
+    with open("/proc/self/status") as status:  # peak resident memory of this whole process
+        hwm = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    result = {"method": method, "N": n_rows, "seconds": round(seconds, 1), "finite_grad": finite}
+    print(json.dumps({**result, "process_peak_rss_gib": round(hwm / 2**20, 2)}))
 
 
 def print_table(rows: list[dict[str, object]]) -> None:

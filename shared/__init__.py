@@ -1,1 +1,11 @@
-"""placeholder"""
+"""What every pipeline shares.
+
+- :mod:`shared.losses` — the contrastive core (dense or blockwise masked log-softmax) and the
+  named losses: SupCon, NT-Xent, GraphCL, N-pairs, triplet, generalized, 2C; alignment/uniformity.
+- :mod:`shared.distributed` — the gradient-correct all-gather (the only ``torch.distributed``
+  calls of the losses).
+- :mod:`shared.config`, :mod:`shared.runtime`, :mod:`shared.runs`, :mod:`shared.checkpoint`,
+  :mod:`shared.train` — configs, devices and torchrun, run folders, safe checkpoints, the loop.
+- :mod:`shared.optim`, :mod:`shared.heads`, :mod:`shared.probes`, :mod:`shared.plots` — LARS and
+  schedules, projection heads, frozen-feature probes, plots.
+"""
