@@ -97,8 +97,17 @@ def masked_logsumexp(
     if (anchor_labels is None) != (contrast_labels is None):
         raise ValueError("anchor_labels and contrast_labels must be given together")
     dtype = torch.float64 if torch.float64 in (anchors.dtype, contrasts.dtype) else torch.float32
+    # One set of rows contrasted with itself (SupCon "all", NT-Xent, 2C without gather): E is
+    # symmetric, and backward needs no product with a transposed N×K matrix (see _backward_sym).
+    symmetric = (
+        anchors is contrasts
+        and anchor_labels is None
+        and self_index is not None
+        and bool(torch.equal(self_index, torch.arange(M, device=self_index.device)))
+    )
     with autocast_off(anchors):
-        a, c = anchors.to(dtype), contrasts.to(dtype)
+        a = anchors.to(dtype)
+        c = a if symmetric else contrasts.to(dtype)
         with torch.no_grad():  # a bound on every logit; the result does not depend on it
             bound = float(a.norm(dim=1).max() * c.norm(dim=1).max()) / temperature if M * K else 0.0
         shift = _fixed_shift(bound, dtype)
@@ -107,7 +116,7 @@ def masked_logsumexp(
             block_size = M if cache else max(1, BLOCK_ELEMENTS // max(K, 1))
         lse_all, lse_pos = _MaskedLogSumExp.apply(
             a, c, 1.0 / temperature, shift, self_index, anchor_labels, contrast_labels,
-            block_size, cache,
+            block_size, cache, symmetric,
         )  # fmt: skip
     return LogSumExps(lse_all, lse_pos if anchor_labels is not None else None)
 
@@ -181,6 +190,7 @@ class _MaskedLogSumExp(torch.autograd.Function):
         yc: Tensor | None,
         block_size: int,
         cache: bool,
+        symmetric: bool,
     ) -> tuple[Tensor, Tensor]:
         M, K = a.shape[0], c.shape[0]
         blocks = _blocks(M, block_size, self_index, ya, yc)
@@ -207,6 +217,7 @@ class _MaskedLogSumExp(torch.autograd.Function):
                         torch.logsumexp(Lp, 1), block.positive.sum(1)
                     )
         ctx.scale, ctx.shift, ctx.block_size = scale, shift, block_size
+        ctx.symmetric = symmetric and shift is not None
         # The dense path keeps its exponentials outside save_for_backward: the first backward
         # turns them into the gradient in place (no second N×K buffer); a repeated backward
         # (retain_graph=True) finds the cache gone and recomputes, like the blockwise path.
@@ -220,6 +231,11 @@ class _MaskedLogSumExp(torch.autograd.Function):
     def backward(ctx: Any, g_all: Tensor | None, g_pos: Tensor | None) -> tuple[Tensor | None, ...]:
         a, c, self_index, ya, yc, lse_all, lse_pos = ctx.saved_tensors
         kept, ctx.kept = ctx.kept, None
+        if ctx.symmetric and g_all is not None:
+            grad = _backward_sym(
+                a, self_index, lse_all, g_all, ctx.scale, ctx.shift, ctx.block_size, kept
+            )
+            return grad, None, None, None, None, None, None, None, None, None
         scale, shift = ctx.scale, ctx.shift
         M = a.shape[0]
         if g_all is None:
@@ -252,4 +268,35 @@ class _MaskedLogSumExp(torch.autograd.Function):
                 grad_a[r] = torch.mm(G, c).mul_(scale)  # (B, D)
             if grad_c is not None:
                 grad_c.addmm_(G.T, a[r], alpha=scale)  # (K, D)
-        return grad_a, grad_c, None, None, None, None, None, None, None
+        return grad_a, grad_c, None, None, None, None, None, None, None, None
+
+
+def _backward_sym(
+    z: Tensor,
+    self_index: Tensor,
+    lse: Tensor,
+    g: Tensor,
+    scale: float,
+    shift: float,
+    block_size: int,
+    kept: Tensor | None,
+) -> Tensor:
+    """Gradient for rows contrasted with themselves, from one product per block.
+
+    With G_ik = w_i E_ik and E symmetric, the gradient reaching row j through both the anchor
+    and the contrast side is w_j (E z)_j + (E (w ∘ z))_j: a single product of E with the
+    concatenation [z, w ∘ z], and no elementwise pass over E.
+
+    Shape:
+        z: ``(N, D)``; lse, g: ``(N,)``; result: ``(N, D)``.
+    """
+    N, D = z.shape
+    w = _softmax_weight(g, shift, lse)  # (N,)
+    right = torch.cat([z, z * w.unsqueeze(1)], dim=1)  # (N, 2D)
+    grad = torch.empty_like(z)
+    for block in _blocks(N, block_size, self_index, None, None):
+        E = kept if kept is not None else _shifted_exp(z, z, scale, shift, block)  # (B, N)
+        out = torch.mm(E, right)  # (B, 2D)
+        r = block.rows
+        grad[r] = (out[:, :D] * w[r].unsqueeze(1) + out[:, D:]) * scale  # (B, D)
+    return grad

@@ -129,7 +129,9 @@ def supcon_loss(
         contrasts = z_all.reshape(Ng * V, D)  # (Ng·V, D), row = sample·V + view
         yc = yc_samples.repeat_interleave(V)  # (Ng·V,)
         if contrast_mode == "all":
-            anchors = z.reshape(N * V, D)  # (N·V, D), local rows, sample-major
+            # local rows, sample-major; without gather the very same tensor as the contrasts,
+            # which lets the core use the symmetry of the similarity matrix
+            anchors = z.reshape(N * V, D) if gather else contrasts  # (N·V, D)
             self_index = offset * V + torch.arange(N * V, device=z.device)  # (N·V,)
             own = contrasts[offset * V : (offset + N) * V]  # (N·V, D), a view
             ya = ya_samples.repeat_interleave(V)  # (N·V,)

@@ -309,9 +309,9 @@ def test_auto_mode_switches_to_blocks_above_the_dense_limit(
     seen: list[tuple[int, bool]] = []
     original = core._MaskedLogSumExp.forward
 
-    def spy(ctx, a, c, scale, shift, self_index, ya, yc, block_size, cache):  # type: ignore[no-untyped-def]
+    def spy(ctx, a, c, scale, shift, self_index, ya, yc, block_size, cache, sym):  # type: ignore[no-untyped-def]
         seen.append((block_size, cache))
-        return original(ctx, a, c, scale, shift, self_index, ya, yc, block_size, cache)
+        return original(ctx, a, c, scale, shift, self_index, ya, yc, block_size, cache, sym)
 
     monkeypatch.setattr(core._MaskedLogSumExp, "forward", staticmethod(spy))
     monkeypatch.setattr(core, "DENSE_MAX_ELEMENTS", 100)
@@ -345,6 +345,27 @@ def test_gradcheck_masked_logsumexp(shifted: bool, labelled: bool, block_size: i
         return out.all, torch.where(torch.isfinite(out.positive), out.positive, 0.0)
 
     assert torch.autograd.gradcheck(fn, (a, c), eps=1e-6, atol=1e-7 if shifted else 1e-4)
+
+
+@pytest.mark.parametrize("block_size", [None, 2])
+def test_gradcheck_symmetric_self_contrast(block_size: int | None) -> None:
+    g = torch.Generator().manual_seed(3)
+    z = F.normalize(torch.randn(6, 3, generator=g, dtype=torch.float64), dim=1).requires_grad_()
+
+    def fn(z: Tensor) -> Tensor:  # the same tensor as anchors and contrasts
+        out = masked_logsumexp(
+            z, z, temperature=0.4, self_index=torch.arange(6), block_size=block_size
+        )
+        return out.all
+
+    assert torch.autograd.gradcheck(fn, (z,), eps=1e-6, atol=1e-7)
+    # and it equals the general path, fed a copy so the symmetry is not detected
+    weights = torch.randn(6, generator=g, dtype=torch.float64)
+    (sym,) = torch.autograd.grad((fn(z) * weights).sum(), z)
+    other = z.detach().clone().requires_grad_()
+    general = masked_logsumexp(z, other, temperature=0.4, self_index=torch.arange(6)).all
+    grads = torch.autograd.grad((general * weights).sum(), (z, other))
+    assert torch.allclose(sym, grads[0] + grads[1], atol=1e-12)
 
 
 def test_masked_logsumexp_matches_torch_logsumexp() -> None:
