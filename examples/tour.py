@@ -42,6 +42,7 @@ def simclr_digits_section(out: RunDir, epochs: int, seeds: int) -> tuple[dict[st
     g = torch.Generator().manual_seed(0)
     views = [x, minimal_simclr.augment(x, g), minimal_simclr.augment(x, g)]
     grid = torch.cat(views).view(-1, 1, 8, 8).clamp(0, 1)  # (24, 1, 8, 8): rows = raw, view 1, 2
+    grid = torch.nn.functional.interpolate(grid, scale_factor=6, mode="nearest")  # readable size
     save_image_grid(grid, out.plots / "simclr_digits_views.png", nrow=8)
 
     learned = torch.tensor([float(r["probe_accuracy"]) for r in results])  # type: ignore[arg-type]
