@@ -299,6 +299,24 @@ def test_repeated_backward_recomputes_the_consumed_cache() -> None:
         assert torch.allclose(first, second, atol=1e-14)
 
 
+def test_dense_path_reuses_its_workspace_between_steps() -> None:
+    f = _features(4, 16, 2).requires_grad_()
+    labels = _labels(4, 16, 3)
+    grads, pointers = [], []
+    key = ("cpu", torch.float64)
+    for _ in range(3):
+        loss = supcon_loss(f, labels)
+        assert key not in core._WORKSPACE._free  # taken by the forward until its backward
+        (grad,) = torch.autograd.grad(loss, f)
+        grads.append(grad)
+        pointers.append(core._WORKSPACE._free[key].data_ptr())
+    assert pointers[0] == pointers[1] == pointers[2]  # the same buffer, step after step
+    assert torch.equal(grads[0], grads[1]) and torch.equal(grads[1], grads[2])
+    with torch.no_grad():  # no backward will come: nothing is kept from the workspace
+        supcon_loss(f, labels)
+    assert ("cpu", torch.float64) in core._WORKSPACE._free
+
+
 def test_auto_mode_switches_to_blocks_above_the_dense_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
