@@ -121,7 +121,7 @@ def supcon_loss(
         Ng = z_all.shape[0]
         samples = torch.arange(offset, offset + N, device=z.device)  # (N,) global sample index
         if y is None:  # instance discrimination: the global sample index is the class
-            ya_samples, yc_samples, classes = samples, torch.arange(Ng, device=z.device), Ng
+            ya_samples, yc_samples = samples, torch.arange(Ng, device=z.device)
         else:
             y_all = gather_no_grad(y) if gather else y  # (Ng,)
             uniq, yc_samples = torch.unique(y_all, return_inverse=True)  # (C,), (Ng,)
@@ -133,12 +133,10 @@ def supcon_loss(
             # which lets the core use the symmetry of the similarity matrix
             anchors = z.reshape(N * V, D) if gather else contrasts  # (N·V, D)
             self_index = offset * V + torch.arange(N * V, device=z.device)  # (N·V,)
-            own = contrasts[offset * V : (offset + N) * V]  # (N·V, D), a view
             ya = ya_samples.repeat_interleave(V)  # (N·V,)
         else:
             anchors = z[:, 0]  # (N, D)
             self_index = samples * V  # (N,)
-            own = z_all[offset : offset + N, 0]  # (N, D), a view
             ya = ya_samples
 
         if y is None:  # SimCLR: the positives are the sample's other views, all local
@@ -148,7 +146,12 @@ def supcon_loss(
                 positive_sum.reshape(-1) if contrast_mode == "all" else positive_sum[:, 0]
             )
             n_pos = torch.full_like(positive_sum, V - 1, dtype=torch.long)  # (M,)
-        else:
+        else:  # each anchor's own row, through the contrasts so its class-sum share cancels
+            own = (
+                contrasts[offset * V : (offset + N) * V]  # (N·V, D), a view
+                if contrast_mode == "all"
+                else z_all[offset : offset + N, 0]  # (N, D), a view
+            )
             positive_sum, n_pos = _positive_logit_sums(anchors, contrasts, own, ya, yc, classes)
         valid = n_pos > 0
         if variant == "out":
