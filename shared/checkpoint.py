@@ -1,11 +1,11 @@
 """Safe files: atomic writes, weights-only checkpoints, safetensors encoders and RNG state.
 
-DESIGN.md, decision 11: a checkpoint is written to a temporary file in the same folder and
-renamed over the old one, so a crash mid-write never destroys the last good checkpoint; loading
-uses ``torch.load(..., weights_only=True)`` only, so a checkpoint can never run code; exported
-encoders are ``safetensors`` files. Because of ``weights_only``, a checkpoint holds tensors,
-primitives, dicts, lists and tuples only, which is why the RNG states below are encoded as
-tensors rather than pickled Python objects.
+A checkpoint is written to a temporary file in the same folder and renamed over the old one, so
+a crash mid-write never destroys the last good checkpoint; loading uses
+``torch.load(..., weights_only=True)`` only, so a checkpoint can never run code; exported encoders
+are ``safetensors`` files. Because of ``weights_only``, a checkpoint holds tensors, primitives,
+dicts, lists and tuples only, which is why the RNG states below are encoded as tensors rather
+than pickled Python objects. See docs/architecture.md, "Safe files".
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Configs are frozen dataclasses; the command line is derived from their fields.
 
-DESIGN.md, decision 10: every pipeline's ``Config`` is a frozen dataclass with the paper's
-defaults, validated in ``__post_init__``. :func:`parse_config` builds an ``argparse`` parser from
-the fields, accepts ``--config FILE.yaml|.yml|.json`` whose keys replace the defaults (flags on
-the command line win over the file), rejects unknown keys, and constructs the dataclass so its
-own validation runs. The resolved config is saved with every run as ``config.json``.
+Every pipeline's ``Config`` is a frozen dataclass with the paper's defaults, validated in
+``__post_init__`` (see docs/architecture.md, "Configs"). :func:`parse_config` builds an
+``argparse`` parser from the fields, accepts ``--config FILE.yaml|.yml|.json`` whose keys replace
+the defaults (flags on the command line win over the file), rejects unknown keys, and constructs
+the dataclass so its own validation runs. The resolved config is saved with every run as
+``config.json``.
 
 Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``),
 ``pathlib.Path``, ``Literal[...]`` (choices), ``tuple[X, ...]`` and fixed ``tuple[X, Y]`` of

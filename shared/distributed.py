@@ -13,7 +13,7 @@ that one needs equal batch sizes and its backward uses ``reduce_scatter``, which
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from torch import Tensor
 
 __all__ = [
     "Gathered",
+    "all_gather_object",
     "all_reduce_mean",
     "gather_no_grad",
     "gather_with_grad",
@@ -29,6 +30,8 @@ __all__ = [
     "rank",
     "world_size",
 ]
+
+T = TypeVar("T")
 
 
 def is_initialized() -> bool:
@@ -124,3 +127,16 @@ def all_reduce_mean(x: Tensor) -> Tensor:
     out = x.detach().clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out / world_size()
+
+
+def all_gather_object(obj: T) -> list[T]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank; ``[obj]`` on 1 process.
+
+    For small per-rank state such as RNG states, which the checkpoint on rank 0 must hold for
+    every rank. A collective: every rank must call it at the same point.
+    """
+    if world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,8 +1,9 @@
 """Run folders, metrics logs, summaries and reports.
 
-DESIGN.md, "Run directories": every command writes one folder ``runs/<pipeline>/<name>/`` with
-``config.json``, ``metrics.csv`` (one row per logged step), ``checkpoints/last.pt`` (+
-``best.pt``), ``summary.json``, ``plots/*.png`` and ``report.md`` showing plots and summary.
+Every command writes one folder ``runs/<pipeline>/<name>/`` with ``config.json``,
+``metrics.csv`` (one row per logged step), ``checkpoints/last.pt`` (+ ``best.pt``),
+``summary.json``, ``plots/*.png`` and ``report.md`` showing plots and summary (see
+docs/architecture.md, "Run folders").
 """
 
 from __future__ import annotations

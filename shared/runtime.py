@@ -1,10 +1,10 @@
 """Process set-up: seeding, device choice, the torchrun environment and data loaders.
 
-DESIGN.md, decision 3: multi-GPU and multi-node go through ``torchrun`` + DDP +
-``DistributedSampler``. This module reads the variables torchrun sets (``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), starts and ends the process group, and builds
-loaders whose sample order is a pure function of ``(seed, epoch)``, which is what makes an
-interrupted run resume to the same result.
+Multi-GPU and multi-node runs go through ``torchrun`` + DDP + ``DistributedSampler`` (see
+docs/architecture.md, "Distributed"). This module reads the variables torchrun sets (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), starts and ends the process
+group, seeds each rank's random streams, and builds loaders whose sample order is a pure function
+of ``(seed, epoch)``, which is what makes an interrupted run resume to the same result.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "local_device",
     "make_loader",
     "move_to_device",
+    "rank_seed",
     "seed_everything",
     "select_device",
     "set_epoch",
@@ -50,15 +51,45 @@ class DistEnv(NamedTuple):
 SINGLE_PROCESS = DistEnv(rank=0, local_rank=0, world_size=1, is_distributed=False)
 
 
-def seed_everything(seed: int) -> torch.Generator:
-    """Seed Python ``random``, numpy, torch and every CUDA device; return a fresh generator.
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s random streams: ``seed`` itself on rank 0, a distinct one else.
 
-    The global seeds cover third-party code that draws from the global RNGs; the returned
-    ``torch.Generator`` (seeded with ``seed``) is what our own augmentations and attacks should
-    take explicitly (STYLE.md: explicit randomness).
+    Rank 0 keeps ``seed`` so a one-process run and rank 0 of a distributed run draw the same
+    numbers. Other ranks get a 32-bit seed derived from ``(seed, rank)`` by numpy's
+    ``SeedSequence`` rather than nanoGPT's ``seed + rank``, under which rank 1 of seed 0 would
+    replay rank 0 of seed 1.
     """
+    _check_seed(seed)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be an int >= 0, got {rank!r}")
+    if rank == 0:
+        return seed
+    sequence = np.random.SeedSequence(seed, spawn_key=(rank,))
+    return int(sequence.generate_state(1, dtype=np.uint32)[0])
+
+
+def _check_seed(seed: object) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
+
+
+def seed_everything(seed: int, *, rank: int = 0) -> torch.Generator:
+    """Seed Python ``random``, numpy, torch and every CUDA device; return a fresh generator.
+
+    Every rank of a distributed job must draw *different* augmentation parameters and latents
+    (else each rank repeats the others' randomness on its own images), so the streams are
+    seeded with :func:`rank_seed` ``(seed, rank)``. Model initialisation should instead be the
+    same on every rank: call ``seed_everything(seed)`` before building the model and
+    ``seed_everything(seed, rank=env.rank)`` after it, before training (DDP also broadcasts
+    rank 0's parameters and buffers when it wraps the model). The data order does not depend on
+    these streams (:func:`make_loader` seeds its sampler with ``seed`` on every rank).
+
+    The global seeds cover third-party code that draws from the global RNGs; the returned
+    ``torch.Generator`` (seeded the same way) is what our own augmentations and attacks should
+    take explicitly.
+    """
+    _check_seed(seed)
+    seed = rank_seed(seed, rank)
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002 - the global state is what third-party code draws from
     torch.manual_seed(seed)  # also seeds every CUDA device
@@ -147,8 +178,8 @@ def make_loader(
     batch_size: int,
     *,
     shuffle: bool,
-    drop_last: bool,
     seed: int,
+    drop_last: bool = True,
     num_workers: int = 0,
     dist: DistEnv | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -160,6 +191,11 @@ def make_loader(
     (one replica): its permutation is seeded with ``seed + epoch``, so epoch order is
     reproducible on resume, and a 1-process and an N-process run see the same global batches
     (rank ``r`` takes every N-th index). Call :func:`set_epoch` before each epoch.
+
+    ``drop_last=True`` (the default) drops the last incomplete batch, as SimCLR does: a
+    contrastive loss over fewer samples has fewer negatives and a lower value, so a short last
+    batch would put a saw-tooth into the loss curve and give its samples a different objective.
+    Pass ``drop_last=False`` for evaluation, where every sample counts.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

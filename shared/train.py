@@ -1,24 +1,25 @@
 """The one training loop every pipeline uses: precision, accumulation, DDP, logging, resume.
 
-DESIGN.md, decisions 2-4 and "Run directories": a pipeline provides ``train_step(model, batch)
--> dict`` (with ``"loss"``) and calls :func:`fit`, which does once what nanoGPT's ``train.py``
-does: bf16 autocast on GPU (fp32 on CPU), gradient accumulation with DDP's ``no_sync``, clipping,
-optimizer and scheduler steps, ``check_finite`` on every loss, ``metrics.csv`` (+ TensorBoard),
-evaluation with ``best.pt``, and ``last.pt``, from which ``resume=True`` reaches bit for bit the
-weights and metrics of an uninterrupted run with the same seed: the checkpoint holds the weights,
-optimizer and scheduler states, the position in the epoch, and the RNG states right after the
-checkpoint and at the start of its epoch.
+See docs/architecture.md, "Training loop" and "Run folders". A pipeline provides
+``train_step(model, batch) -> dict`` (with ``"loss"``) and calls :func:`fit`, which does once what
+nanoGPT's ``train.py`` does: bf16 autocast on GPU (fp32 on CPU), gradient accumulation with DDP's
+``no_sync``, clipping, optimizer and scheduler steps, ``check_finite`` on every loss,
+``metrics.csv`` (+ TensorBoard), evaluation with ``best.pt``, and ``last.pt``, from which
+``resume=True`` reaches bit for bit the weights and metrics of an uninterrupted run with the same
+seed: the checkpoint holds the weights, optimizer and scheduler states, the position in the
+epoch, every rank's RNG states right after the checkpoint and at the start of its epoch, and the
+resolved config, which a resume must match.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +28,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from tqdm.auto import tqdm
 
 from shared.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from shared.config import _jsonable, config_to_dict
+from shared.distributed import all_gather_object
 from shared.runs import MetricsLogger, RunDir
 from shared.runtime import (
     SINGLE_PROCESS,
@@ -39,6 +42,7 @@ from shared.runtime import (
 )
 
 __all__ = [
+    "RESUME_MAY_CHANGE",
     "FitResult",
     "LoopConfig",
     "autocast_dtype",
@@ -49,8 +53,33 @@ __all__ = [
     "wrap_ddp",
 ]
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    PipelineConfig = DataclassInstance | Mapping[str, Any]
+else:
+    PipelineConfig = Any
+
 TrainStep = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
 Evaluate = Callable[[nn.Module], Mapping[str, Tensor | float]]
+
+# Config keys (at any nesting level) that may differ on resume: they extend or observe a run
+# without changing what its steps compute. Everything else must match the checkpoint's config.
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "epochs",
+        "max_steps",
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "progress",
+        "tensorboard",
+        "resume",
+        "out",
+        "device",
+        "num_workers",
+    }
+)
 
 
 class SizedIterable(Protocol):
@@ -216,7 +245,13 @@ class _Loop:
     device: torch.device
     steps_per_epoch: int
     total: int
-    main: bool
+    env: DistEnv
+    config: dict[str, Any]
+    may_change: frozenset[str]
+
+    @property
+    def main(self) -> bool:
+        return self.env.rank == 0
 
     def start_epoch(
         self, loader: SizedIterable, progress: _Progress, ckpt: dict[str, Any] | None
@@ -263,8 +298,18 @@ class _Loop:
         progress.batch += accum
         return sums, lr
 
-    def save(self, path: Path, progress: _Progress, epoch_rng: dict[str, Tensor]) -> None:
-        """Write a checkpoint holding everything that decides the rest of the run."""
+    def save(
+        self,
+        path: Path,
+        progress: _Progress,
+        epoch_rng: dict[str, Tensor],
+        per_rank: list[dict[str, dict[str, Tensor]]] | None = None,
+    ) -> None:
+        """Write a checkpoint holding everything that decides the rest of the run.
+
+        ``per_rank`` holds every rank's RNG states (``last.pt``, gathered by
+        :meth:`checkpoint_last`); without it only this process's states are stored.
+        """
         _check_parameters(self.model, progress.step)
         epoch, batch = progress.epoch, progress.batch
         if batch == self.steps_per_epoch * self.cfg.grad_accum_steps:
@@ -278,16 +323,28 @@ class _Loop:
             "batch_in_epoch": batch,
             "steps_per_epoch": self.steps_per_epoch,
             "grad_accum_steps": self.cfg.grad_accum_steps,
+            "world_size": self.env.world_size,
             "rng": rng_state(),
             "epoch_rng": epoch_rng,
+            "rng_per_rank": per_rank,
+            "config": self.config,
             "best": progress.best,
             "best_step": progress.best_step,
             "metrics": dict(progress.metrics),
         }
         save_checkpoint(path, state)
 
+    def checkpoint_last(self, progress: _Progress, epoch_rng: dict[str, Tensor]) -> None:
+        """Gather every rank's RNG states (a collective: all ranks call it), save on rank 0."""
+        per_rank = all_gather_object({"rng": rng_state(), "epoch_rng": epoch_rng})
+        if self.main:
+            self.save(self.run_dir.last_checkpoint, progress, epoch_rng, per_rank)
+
     def restore(self) -> tuple[_Progress, dict[str, Any]]:
-        """Load ``last.pt`` into the model, optimizer and scheduler; return the position."""
+        """Load ``last.pt`` into the model, optimizer and scheduler; return the position.
+
+        The returned checkpoint's ``rng``/``epoch_rng`` are this rank's own states.
+        """
         path = self.run_dir.last_checkpoint
         ckpt = load_checkpoint(path, map_location="cpu")  # RNG states must stay on the CPU
         saved = (ckpt.get("steps_per_epoch"), ckpt.get("grad_accum_steps"))
@@ -296,6 +353,22 @@ class _Loop:
             raise ValueError(
                 f"{path} was written with (steps_per_epoch, grad_accum_steps) = {saved}, this "
                 f"run has {now}: the position in the epoch would mean different batches"
+            )
+        self.check_config(path, ckpt)
+        if ckpt["step"] > self.total:
+            raise ValueError(
+                f"{path} is at step {ckpt['step']}, past this run's last step {self.total}: "
+                "raise epochs or max_steps to continue it"
+            )
+        per_rank = ckpt.get("rng_per_rank")
+        if per_rank is not None:
+            if len(per_rank) != self.env.world_size:
+                raise ValueError(
+                    f"{path} was written by {len(per_rank)} processes, this run has "
+                    f"{self.env.world_size}: each rank's random stream could not be continued"
+                )
+            ckpt["rng"], ckpt["epoch_rng"] = (
+                per_rank[self.env.rank][k] for k in ("rng", "epoch_rng")
             )
         if (self.scheduler is None) != (ckpt["scheduler"] is None):
             raise ValueError(f"{path}: a scheduler must be given now if and only if it was then")
@@ -312,6 +385,28 @@ class _Loop:
             metrics=dict(ckpt["metrics"]),
         )
         return progress, ckpt
+
+    def check_config(self, path: Path, ckpt: Mapping[str, Any]) -> None:
+        """Refuse to continue a run whose config differs, except in ``may_change`` keys."""
+        saved = ckpt.get("config")
+        if saved is None:  # written before checkpoints held their config
+            return
+        before, now = _flatten(saved), _flatten(self.config)
+        differ = sorted(
+            key
+            for key in before.keys() | now.keys()
+            if before.get(key, _MISSING) != now.get(key, _MISSING)
+            and key.rsplit(".", 1)[-1] not in self.may_change
+        )
+        if differ:
+            shown = "; ".join(
+                f"{key}: {before.get(key, '<absent>')!r} -> {now.get(key, '<absent>')!r}"
+                for key in differ
+            )
+            raise ValueError(
+                f"cannot resume {path}: the config differs from the checkpoint's in {shown}. "
+                "Resume with the original settings, or start a new run"
+            )
 
     def run_evaluation(self, progress: _Progress, epoch_rng: dict[str, Tensor]) -> dict[str, float]:
         """Evaluate the unwrapped model in eval mode; keep ``best.pt`` for ``cfg.best_metric``."""
@@ -359,9 +454,38 @@ class _Loop:
             if logger is not None:
                 logger.log(step, row)
         every = self.cfg.checkpoint_every
-        if self.main and ((every is not None and step % every == 0) or last):
-            self.save(self.run_dir.last_checkpoint, progress, epoch_rng)
+        if (every is not None and step % every == 0) or last:
+            self.checkpoint_last(progress, epoch_rng)
         return row
+
+
+_MISSING = object()
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"loop": {"epochs": 3}}`` -> ``{"loop.epochs": 3}``; lists and tuples compare as lists."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = list(value) if isinstance(value, tuple) else value
+    return flat
+
+
+def _resolved_config(loop_cfg: LoopConfig, config: PipelineConfig | None) -> dict[str, Any]:
+    """What the checkpoint stores and a resume compares: the loop's settings and the pipeline's.
+
+    Plain JSON-like values (paths become strings), so ``weights_only`` loading accepts them.
+    """
+    if config is None:
+        pipeline: dict[str, Any] = {}
+    elif isinstance(config, Mapping):
+        pipeline = _jsonable(dict(config))
+    else:
+        pipeline = config_to_dict(config)
+    return {"loop": asdict(loop_cfg), "pipeline": pipeline}
 
 
 def fit(
@@ -377,6 +501,8 @@ def fit(
     evaluate: Evaluate | None = None,
     resume: bool = False,
     dist_env: DistEnv | None = None,
+    config: PipelineConfig | None = None,
+    may_change: Collection[str] = RESUME_MAY_CHANGE,
 ) -> FitResult:
     """Train ``model`` with ``train_step`` over ``loader`` and keep the run folder up to date.
 
@@ -389,9 +515,17 @@ def fit(
     ``checkpoint_every`` steps and at the end ``last.pt`` is written. Only rank 0 writes files,
     and the training metrics it logs are its own (reduce them inside ``train_step`` when the
     mean over ranks is wanted). The scheduler is stepped without arguments after every
-    optimizer step (per-step schedules; not ``ReduceLROnPlateau``). With ``resume=True`` the
-    loop continues from ``run_dir``'s ``last.pt``. An incomplete accumulation group at the end
-    of an epoch is skipped.
+    optimizer step (per-step schedules; not ``ReduceLROnPlateau``). An incomplete
+    accumulation group at the end of an epoch is skipped.
+
+    With ``resume=True`` the loop continues from ``run_dir``'s ``last.pt``. Every rank restores
+    its own RNG states (rank 0 gathers them into ``last.pt``), so per-rank randomness continues
+    as if never interrupted; the number of processes must be the same. ``config`` is the
+    pipeline's config (its dataclass, or a dict of plain values): it is stored in every
+    checkpoint with ``loop_cfg``, and a resume whose settings differ from the stored ones is
+    refused with the keys that differ, except keys named in ``may_change`` (by default
+    :data:`RESUME_MAY_CHANGE`: ``epochs``/``max_steps`` to extend a run, logging, evaluation and
+    checkpoint intervals, the output folder and device).
     """
     env = dist_env or SINGLE_PROCESS
     if env.is_distributed and not isinstance(model, DistributedDataParallel):
@@ -416,7 +550,9 @@ def fit(
         device=device,
         steps_per_epoch=steps_per_epoch,
         total=loop_cfg.total_steps(steps_per_epoch),
-        main=env.rank == 0,
+        env=env,
+        config=_resolved_config(loop_cfg, config),
+        may_change=frozenset(may_change),
     )
     progress, ckpt = loop.restore() if resume else (_Progress(), None)
     logger = None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import random
+import socket
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -20,6 +24,7 @@ from shared.runtime import (
     local_device,
     make_loader,
     move_to_device,
+    rank_seed,
     seed_everything,
     select_device,
     set_epoch,
@@ -47,6 +52,56 @@ def test_seed_everything_seeds_all_generators() -> None:
 def test_seed_everything_rejects_bad_seeds(seed: object) -> None:
     with pytest.raises(ValueError, match="seed"):
         seed_everything(seed)  # type: ignore[arg-type]
+
+
+def _all_draws(generator: torch.Generator) -> tuple[float, ...]:
+    return (*_draws(), torch.rand(1, generator=generator).item())
+
+
+def test_every_rank_gets_its_own_streams() -> None:
+    assert rank_seed(7, 0) == 7  # rank 0 is the single-process run
+    seeds = {rank_seed(seed, rank) for seed in range(4) for rank in range(4)}
+    assert len(seeds) == 16  # no (seed, rank) replays another, unlike seed + rank
+    rank0 = _all_draws(seed_everything(7))
+    assert _all_draws(seed_everything(7, rank=0)) == rank0
+    rank1 = _all_draws(seed_everything(7, rank=1))
+    assert all(a != b for a, b in zip(rank0, rank1, strict=True))
+    assert _all_draws(seed_everything(7, rank=1)) == rank1
+    with pytest.raises(ValueError, match="rank must be an int >= 0, got -1"):
+        seed_everything(7, rank=-1)
+
+
+def _seeded_rank_worker(rank: int, port: int, folder: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )  # fmt: skip
+    env = init_distributed(torch.device("cpu"))
+    try:
+        runs = [_all_draws(seed_everything(11, rank=env.rank)) for _ in range(2)]
+        torch.save(torch.tensor(runs), Path(folder) / f"draws{rank}.pt")
+    finally:
+        cleanup_distributed()
+
+
+def test_two_gloo_ranks_draw_different_numbers_reproducibly(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [
+        ctx.Process(target=_seeded_rank_worker, args=(r, port, str(tmp_path))) for r in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    rank0, rank1 = (torch.load(tmp_path / f"draws{r}.pt", weights_only=True) for r in range(2))
+    assert torch.equal(rank0[0], rank0[1]) and torch.equal(rank1[0], rank1[1])  # a rerun
+    assert (rank0[0] != rank1[0]).all()  # every generator differs between the ranks
+    assert torch.equal(rank0[0], torch.tensor(_all_draws(seed_everything(11))))  # = one process
 
 
 def test_select_device() -> None:
@@ -126,6 +181,15 @@ def test_loader_order_is_a_function_of_seed_and_epoch() -> None:
 def test_drop_last_drops_the_partial_batch() -> None:
     loader = make_loader(_dataset(10), 4, shuffle=False, drop_last=True, seed=0)
     assert len(loader) == 2 and _epoch(loader, 0) == list(range(8))
+
+
+def test_contrastive_loaders_drop_the_partial_batch_by_default() -> None:
+    """A short last batch has fewer negatives and a lower loss: a saw-tooth in the curve."""
+    loader = make_loader(_dataset(10), 4, shuffle=True, seed=0)
+    assert len(loader) == 2
+    assert all(len(batch) == 4 for (batch,) in loader)
+    keep = make_loader(_dataset(10), 4, shuffle=False, seed=0, drop_last=False)
+    assert [len(batch) for (batch,) in keep] == [4, 4, 2]
 
 
 def test_sharded_loaders_split_the_single_process_batches() -> None:

@@ -7,6 +7,7 @@ import os
 import random
 import socket
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -413,3 +414,148 @@ def test_ddp_two_ranks_equal_one_process(tmp_path: Path) -> None:
             written[name], ranks[0][name]
         )
     assert len(_metrics(ddp_run)) == 4  # 2 epochs of 2 steps, written by rank 0 only
+
+
+# Resume under DDP: every rank continues its own random stream.
+
+
+def _per_rank_noise_step(model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+    """Input noise and dropout drawn from this rank's global RNG, as augmentations would."""
+    x, y = batch
+    x = x + 0.3 * torch.randn_like(x)
+    return {"loss": nn.functional.mse_loss(model(x), y)}
+
+
+def _ddp_noisy_fit(
+    run_dir: RunDir,
+    dist_env: DistEnv,
+    *,
+    resume: bool = False,
+    crash_at: int | None = None,
+    batch_size: int = 2,
+) -> nn.Module:
+    seed_everything(0)  # the same initial weights on every rank
+    model = wrap_ddp(
+        nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.25), nn.Linear(8, 1)), dist_env
+    )
+    seed_everything(0, rank=dist_env.rank)  # per-rank randomness from here on
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    loader = make_loader(_data(16), batch_size, shuffle=True, seed=0, dist=dist_env)
+    calls = iter(range(1, 10**6))
+
+    def step(model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        if next(calls) == crash_at:
+            raise RuntimeError("preempted")
+        return _per_rank_noise_step(model, batch)
+
+    cfg = LoopConfig(epochs=3, log_every=1, checkpoint_every=3, progress=False)
+    fit(
+        model,
+        optimizer,
+        loader,
+        step,
+        loop_cfg=cfg,
+        run_dir=run_dir,
+        device=CPU,
+        resume=resume,
+        dist_env=dist_env,
+        config={"lr": 0.05},
+    )
+    return unwrap(model)
+
+
+def _ddp_resume_worker(rank: int, port: int, folder: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    env = init_distributed(CPU)
+    root = Path(folder)
+    try:
+        whole = _ddp_noisy_fit(RunDir(root / "whole"), env)
+        with pytest.raises(RuntimeError, match="preempted"):
+            _ddp_noisy_fit(RunDir(root / "parts"), env, crash_at=8)  # after step 6's checkpoint
+        resumed = _ddp_noisy_fit(RunDir(root / "parts"), env, resume=True)
+        torch.save(whole.state_dict(), root / f"whole{rank}.pt")
+        torch.save(resumed.state_dict(), root / f"resumed{rank}.pt")
+        seed_everything(0, rank=rank)
+        torch.save(torch.randn(3), root / f"stream{rank}.pt")
+    finally:
+        cleanup_distributed()
+
+
+def test_ddp_resume_continues_every_ranks_own_stream(tmp_path: Path) -> None:
+    """Two ranks with per-rank noise, killed after a mid-epoch checkpoint and resumed, end with
+    the weights and metrics of the uninterrupted 2-rank run, bit for bit."""
+    for name in ("whole", "parts"):
+        RunDir.create("t", name, root=tmp_path)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    folder = str(tmp_path / "t")
+    procs = [ctx.Process(target=_ddp_resume_worker, args=(r, port, folder)) for r in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=180)
+    assert [proc.exitcode for proc in procs] == [0] * WORLD
+
+    def load(name: str) -> Any:
+        return torch.load(tmp_path / "t" / name, weights_only=True)
+
+    assert not torch.equal(load("stream0.pt"), load("stream1.pt"))  # the ranks' noise differs
+    whole, resumed = load("whole0.pt"), load("resumed0.pt")
+    for name, value in whole.items():
+        assert torch.equal(resumed[name], value), name
+        assert torch.equal(load("resumed1.pt")[name], value), name
+    whole_run, parts_run = RunDir(tmp_path / "t" / "whole"), RunDir(tmp_path / "t" / "parts")
+    assert parts_run.metrics_path.read_bytes() == whole_run.metrics_path.read_bytes()
+    ckpt = load_checkpoint(parts_run.last_checkpoint)
+    assert ckpt["world_size"] == WORLD and len(ckpt["rng_per_rank"]) == WORLD
+    assert not torch.equal(
+        ckpt["rng_per_rank"][0]["rng"]["torch"], ckpt["rng_per_rank"][1]["rng"]["torch"]
+    )
+
+    # one process cannot continue two ranks' streams (same global batches: 4 per step)
+    with pytest.raises(ValueError, match="written by 2 processes, this run has 1"):
+        _ddp_noisy_fit(parts_run, SINGLE, resume=True, batch_size=4)
+
+
+SINGLE = DistEnv(rank=0, local_rank=0, world_size=1, is_distributed=False)
+
+
+# Changed config on resume.
+
+
+def test_resume_refuses_a_changed_config_and_names_the_keys(tmp_path: Path) -> None:
+    run = RunDir.create("t", "cfg", root=tmp_path)
+    base = {"lr": 0.05, "loss": "nt_xent", "temperature": 0.5, "data": {"root": Path("x")}}
+    cfg = LoopConfig(max_steps=4, checkpoint_every=2, log_every=1, progress=False)
+
+    def run_fit(loop_cfg: LoopConfig, config: dict[str, Any], resume: bool) -> FitResult:
+        model, optimizer, scheduler, loader = _setup()
+        return fit(
+            model, optimizer, loader, _mse_step, loop_cfg=loop_cfg, run_dir=run, device=CPU,
+            scheduler=scheduler, resume=resume, config=config,
+        )  # fmt: skip
+
+    run_fit(cfg, base, resume=False)
+    assert load_checkpoint(run.last_checkpoint)["config"]["pipeline"]["data"] == {"root": "x"}
+    changed = {**base, "lr": 0.1, "temperature": 0.2}
+    with pytest.raises(ValueError, match=r"pipeline\.lr: 0\.05 -> 0\.1; pipeline\.temperature"):
+        run_fit(replace(cfg, max_steps=6), changed, resume=True)
+    with pytest.raises(ValueError, match=r"pipeline\.data\.root: 'x' -> 'y'"):
+        run_fit(replace(cfg, max_steps=6), {**base, "data": {"root": "y"}}, resume=True)
+    with pytest.raises(ValueError, match=r"loop\.clip_grad_norm: None -> 1\.0"):
+        run_fit(replace(cfg, max_steps=6, clip_grad_norm=1.0), base, resume=True)
+    with pytest.raises(ValueError, match=r"pipeline\.extra: '<absent>' -> 1"):
+        run_fit(replace(cfg, max_steps=6), {**base, "extra": 1}, resume=True)
+    with pytest.raises(ValueError, match="at step 4, past this run's last step 3"):
+        run_fit(replace(cfg, max_steps=3), base, resume=True)
+    # what may change to continue a run: the length, logging, evaluation and checkpoint intervals
+    longer = replace(cfg, max_steps=6, log_every=2, checkpoint_every=3, eval_every=5)
+    result = run_fit(longer, {**base, "epochs": 9, "out": "elsewhere"}, resume=True)
+    assert result.step == 6
