@@ -40,6 +40,19 @@ def augment(x: Tensor, generator: torch.Generator) -> Tensor:
     return (img * keep + 0.05 * torch.randn(img.shape, generator=generator)).reshape(N, 64)
 
 
+def epoch_batches(indices: Tensor, batch_size: int, generator: torch.Generator) -> list[Tensor]:
+    """One epoch of shuffled full batches of ``indices``; the incomplete last batch is dropped.
+
+    As in SimCLR: a short batch has fewer negatives, a lower NT-Xent and a different objective,
+    and would put a saw-tooth into the loss curve. Over epochs every sample still takes part.
+    """
+    shuffled = indices[torch.randperm(len(indices), generator=generator)]
+    full = len(indices) // batch_size * batch_size
+    if full == 0:
+        raise ValueError(f"batch_size {batch_size} is larger than the {len(indices)} samples")
+    return list(shuffled[:full].split(batch_size))
+
+
 def main(epochs: int = 100, batch_size: int = 512, seed: int = 0) -> dict[str, object]:
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
@@ -55,7 +68,7 @@ def main(epochs: int = 100, batch_size: int = 512, seed: int = 0) -> dict[str, o
     optimizer = torch.optim.Adam(params, lr=1e-3, weight_decay=1e-5)
     losses = []
     for _epoch in range(epochs):
-        for idx in train[torch.randperm(len(train), generator=g)].split(batch_size):
+        for idx in epoch_batches(train, batch_size, g):
             x1, x2 = augment(x[idx], g), augment(x[idx], g)
             loss = nt_xent_loss(head(encoder(x1)), head(encoder(x2)), temperature=0.2)
             optimizer.zero_grad()

@@ -72,7 +72,9 @@ def simclr_digits_section(out: RunDir, epochs: int, seeds: int) -> tuple[dict[st
     }
     text = (
         "`examples/minimal_simclr.py`: an MLP encoder (64→256→128) with a SimCLR v1 head, "
-        f"trained for {epochs} epochs (batch 512) on 1200 of scikit-learn's 1797 digits with "
+        f"trained for {epochs} epochs (batch 512, the incomplete last batch of each epoch "
+        "dropped, so every step has the same number of negatives and the loss curve no "
+        "saw-tooth) on 1200 of scikit-learn's 1797 digits with "
         "two views per image (random affine warp, pixel drop, noise; the views plot shows raw "
         "digits, then view 1, then view 2) and `nt_xent_loss` (τ = 0.2). Evaluation: an "
         "L2-regularised logistic regression (L-BFGS, weight decay picked on a held-out 10 % of "
