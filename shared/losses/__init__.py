@@ -50,3 +50,8 @@ __all__ = [
     "triplet_loss",
     "uniformity",
 ]
+
+from shared.losses.info_nce import InfoNCELoss, info_nce_loss
+from shared.losses.queue import MemoryQueue
+
+__all__ += ["InfoNCELoss", "MemoryQueue", "info_nce_loss"]

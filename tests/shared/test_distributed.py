@@ -17,7 +17,13 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from shared.distributed import all_reduce_mean, gather_with_grad, gather_with_offset
-from shared.losses import conditional_contrastive_loss, nt_xent_loss, supcon_loss
+from shared.losses import (
+    MemoryQueue,
+    conditional_contrastive_loss,
+    info_nce_loss,
+    nt_xent_loss,
+    supcon_loss,
+)
 
 N, D_IN, D = 12, 6, 4
 WORLD = 2
@@ -43,6 +49,8 @@ def _losses(out: Tensor, labels: Tensor, gather: bool) -> dict[str, Tensor]:
             out.view(-1, 2, D), labels, contrast_mode="one", gather=gather, block_size=2
         ),
         "two_c": conditional_contrastive_loss(out[:, :D], out[:, D:], labels, gather=gather),
+        "info_nce": info_nce_loss(out[:, :D], out[:, D:], temperature=0.2, gather=gather),
+        "info_nce_blocked": info_nce_loss(out[:, D:], out[:, :D], gather=gather, block_size=2),
     }
 
 
@@ -82,9 +90,21 @@ def _worker(rank: int, port: int, queue: Any) -> None:
         (gathered * weights).sum().backward()
         assert local.grad is not None
         uneven = (gathered.detach(), offset, local.grad.clone(), weights[offset : offset + n_local])
+        # a queue of 6: 2 + 3 rows, then 1 + 1 rows, so the second enqueue wraps around
+        memory = MemoryQueue(6, 2, normalize=False)
+        memory.enqueue(torch.full((2 + rank, 2), 10.0 + rank))
+        memory.enqueue(torch.full((1, 2), 20.0 + rank))
+        held: tuple[Any, ...] = (memory.negatives(), memory.state_dict())
+        # rank 0 holds no queries: its zero loss still runs the gather's backward all-reduce
+        empty_q = torch.randn(3 * rank, D, dtype=torch.float64, requires_grad=True)
+        empty_k = empty_q.detach().flip(0).requires_grad_()
+        empty_loss = info_nce_loss(empty_q, empty_k, gather=True)
+        empty_loss.backward()
+        assert empty_q.grad is not None and empty_k.grad is not None
+        held += (empty_loss.detach(), empty_q.detach(), empty_k.grad.clone())
         # plain bytes: tensors sent as shared memory would die with this process
         buffer = io.BytesIO()
-        torch.save((rank, results, uneven), buffer)
+        torch.save((rank, results, uneven, held), buffer)
         queue.put(buffer.getvalue())
     finally:
         dist.destroy_process_group()
@@ -124,7 +144,7 @@ def test_gather_losses_equal_the_single_process_run_on_the_whole_batch(
 ) -> None:
     expected = _single_process()
     for rank in range(WORLD):
-        results, _ = per_rank[rank]
+        results = per_rank[rank][0]
         rows = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
         for name, (loss, weight_grad, x_grad) in results.items():
             full_loss, full_weight_grad, full_x_grad = expected[name]
@@ -137,7 +157,7 @@ def test_gather_losses_equal_the_single_process_run_on_the_whole_batch(
 
 def test_gather_with_uneven_batches_pads_and_cuts(per_rank: dict[int, Any]) -> None:
     for rank in range(WORLD):
-        _, (gathered, offset, grad, weights) = per_rank[rank]
+        gathered, offset, grad, weights = per_rank[rank][1]
         assert gathered.shape == (5, 3)
         assert torch.equal(gathered[:, 0], torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0]))
         assert offset == (0 if rank == 0 else 2)
@@ -148,3 +168,24 @@ def test_gather_is_the_identity_without_a_process_group() -> None:
     x = torch.randn(3, 2)
     assert gather_with_grad(x) is x
     assert gather_with_offset(x).offset == 0
+
+
+def test_memory_queue_holds_every_ranks_keys_in_rank_order(per_rank: dict[int, Any]) -> None:
+    for rank in range(WORLD):
+        negatives, state, *_ = per_rank[rank][2]
+        # oldest first: rank 0's 2 rows, rank 1's 3, then rank 0's and rank 1's single rows,
+        # the oldest of the 7 dropped
+        assert negatives[:, 0].tolist() == [10.0, 11.0, 11.0, 11.0, 20.0, 21.0]
+        assert torch.equal(negatives[:, 0], negatives[:, 1])
+        assert (int(state["ptr"]), int(state["filled"])) == (7 % 6, 6)
+
+
+def test_info_nce_gather_with_an_empty_rank(per_rank: dict[int, Any]) -> None:
+    *_, loss0, q0, k_grad0 = per_rank[0][2]
+    *_, loss1, q1, k_grad1 = per_rank[1][2]
+    assert loss0.item() == 0.0 and q0.shape == (0, D) and k_grad0.shape == (0, D)
+    k1 = q1.flip(0).requires_grad_()
+    expected = info_nce_loss(q1, k1)  # rank 1's queries against rank 1's keys only
+    expected.backward()
+    assert abs(loss1.item() - expected.item()) < 1e-12
+    assert k1.grad is not None and torch.allclose(k_grad1, k1.grad, atol=1e-12)
