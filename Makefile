@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # pytest workers: parallel where it helps (2 cores on CI)
 WORKERS ?= 2
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest pytest-cuda bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(PY) -m pytest -q -n $(WORKERS) tests
+	# the GPU tests' bodies on the CPU, so they cannot rot on machines without CUDA
+	CONTRASTKIT_TEST_DEVICE=cpu $(PY) -m pytest -q -n $(WORKERS) -m cuda tests/shared/test_cuda.py
+
+# on a machine with CUDA: the GPU tests alone
+pytest-cuda: $(STAMP)
+	$(PY) -m pytest -q -p no:xdist -m cuda -rs tests
 
 bench: $(STAMP)
 	$(PIP) install --disable-pip-version-check -q -e '.[dev,bench]'
