@@ -13,7 +13,8 @@ from torch import Tensor, nn
 __all__ = ["LinearHead", "ProjectionHead", "simclr_v1_head", "simclr_v2_head"]
 
 
-def _check_positive(**values: int) -> None:
+def _check_at_least_one(**values: int) -> None:
+    """Sizes and layer counts are >= 1 (``losses._checks.check_positive`` means > 0)."""
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
@@ -69,7 +70,7 @@ class ProjectionHead(nn.Module):
         last_bn: bool = False,
     ) -> None:
         super().__init__()
-        _check_positive(
+        _check_at_least_one(
             in_dim=in_dim, hidden_dim=hidden_dim, out_dim=out_dim, num_layers=num_layers
         )
         self.in_dim = in_dim
@@ -139,7 +140,7 @@ class LinearHead(nn.Module):
 
     def __init__(self, in_dim: int, num_classes: int) -> None:
         super().__init__()
-        _check_positive(in_dim=in_dim, num_classes=num_classes)
+        _check_at_least_one(in_dim=in_dim, num_classes=num_classes)
         self.fc = nn.Linear(in_dim, num_classes)
 
     def forward(self, h: Tensor) -> Tensor:

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from shared.runtime import move_to_device
+
 __all__ = [
     "ProbeResult",
     "Split",
@@ -314,19 +316,16 @@ def alignment_uniformity(
     return {"alignment": align, "uniformity": uniform}
 
 
-def _to_device(batch: Any, device: torch.device | str) -> Any:
-    return batch.to(device) if hasattr(batch, "to") else batch
-
-
 def extract_features(
     encoder: nn.Module, loader: Iterable[Any], device: torch.device | str
 ) -> tuple[Tensor, Tensor]:
     """Run `encoder` over `loader` in eval mode without gradients; return (features, labels).
 
     A batch is either a sequence `(inputs, labels, ...)` (torchvision-style) or an object with a
-    `.y` attribute that the encoder takes whole (a PyG `Batch`). Outputs are moved to the CPU
-    batch by batch so device memory stays bounded. Every submodule's train/eval mode is restored
-    afterwards, even on error.
+    `.y` attribute that the encoder takes whole (a PyG `Batch`). Inputs go to `device` with
+    `shared.runtime.move_to_device`, so they may also be tuples, lists or dicts of tensors.
+    Outputs are moved to the CPU batch by batch so device memory stays bounded. Every
+    submodule's train/eval mode is restored afterwards, even on error.
 
     Shape:
         - encoder output per batch: (B, D)
@@ -348,7 +347,7 @@ def extract_features(
                         f"cannot find labels in a batch of type {type(batch).__name__}: expected "
                         "(inputs, labels, ...) or an object with .y"
                     )
-                out = encoder(_to_device(inputs, device))
+                out = encoder(move_to_device(inputs, torch.device(device)))
                 if not isinstance(out, Tensor) or out.ndim != 2:
                     shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
                     raise ValueError(f"encoder must return (B, D) features, got {shape}")

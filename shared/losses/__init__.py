@@ -1,7 +1,8 @@
 """Contrastive losses: one masked log-softmax core (dense or blockwise) and the named losses.
 
 Every loss is a function (tensors and hyper-parameters in, a tensor out) with a thin
-``nn.Module`` that stores the settings.
+``nn.Module`` that stores the settings. A batch with zero rows gives a zero loss with a zero
+gradient (see :mod:`shared.losses.core`).
 """
 
 from shared.losses.conditional import ConditionalContrastiveLoss, conditional_contrastive_loss
@@ -13,25 +14,26 @@ from shared.losses.generalized import (
     sample_prior,
     sliced_wasserstein_distance,
 )
+from shared.losses.info_nce import InfoNCELoss, info_nce_loss
 from shared.losses.metrics import alignment, uniformity
+from shared.losses.pairs import NPairsLoss, TripletLoss, npairs_loss, triplet_loss
+from shared.losses.queue import MemoryQueue
 from shared.losses.supcon import (
     GraphCLLoss,
-    NPairsLoss,
     NTXentLoss,
     SupConLoss,
-    TripletLoss,
     graphcl_loss,
-    npairs_loss,
     nt_xent_loss,
     supcon_loss,
-    triplet_loss,
 )
 
 __all__ = [
     "ConditionalContrastiveLoss",
     "GeneralizedContrastiveLoss",
     "GraphCLLoss",
+    "InfoNCELoss",
     "LogSumExps",
+    "MemoryQueue",
     "NPairsLoss",
     "NTXentLoss",
     "SupConLoss",
@@ -40,6 +42,7 @@ __all__ = [
     "conditional_contrastive_loss",
     "generalized_contrastive_loss",
     "graphcl_loss",
+    "info_nce_loss",
     "masked_logsumexp",
     "npairs_loss",
     "nt_xent_loss",
@@ -50,8 +53,3 @@ __all__ = [
     "triplet_loss",
     "uniformity",
 ]
-
-from shared.losses.info_nce import InfoNCELoss, info_nce_loss
-from shared.losses.queue import MemoryQueue
-
-__all__ += ["InfoNCELoss", "MemoryQueue", "info_nce_loss"]

@@ -53,6 +53,26 @@ def check_positive(value: float, name: str) -> float:
     return float(value)
 
 
+def check_block_size(block_size: int | None) -> int | None:
+    """``None`` (automatic) or a positive number of anchor rows per block."""
+    if block_size is not None and (isinstance(block_size, bool) or block_size < 1):
+        raise ValueError(f"block_size must be a positive int or None, got {block_size}")
+    return block_size
+
+
+def check_generator(generator: torch.Generator | None, x: Tensor, name: str) -> None:
+    """A generator draws on its own kind of device only: say so instead of a traceback from torch.
+
+    Only the device type is compared, as torch does: ``torch.Generator(device="cuda")`` has no
+    index and serves every CUDA device.
+    """
+    if generator is not None and generator.device.type != x.device.type:
+        raise ValueError(
+            f"generator is on device {generator.device} but {name} is on device {x.device}; "
+            f"pass a torch.Generator(device={str(x.device)!r})"
+        )
+
+
 def check_reduction(reduction: str) -> str:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -66,7 +86,11 @@ def check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
 
 
 def reduce(per_row: Tensor, reduction: str, valid: Tensor | None = None) -> Tensor:
-    """Mean over the valid rows (0 when none is), sum, or the rows themselves (0 where invalid)."""
+    """Mean over the valid rows (0 when none is), sum, or the rows themselves (0 where invalid).
+
+    An empty ``per_row`` gives 0 for "mean" and "sum", still attached to ``per_row``'s graph
+    (the empty-batch rule of :mod:`shared.losses.core`).
+    """
     if valid is not None:
         per_row = torch.where(valid, per_row, torch.zeros_like(per_row))
     if reduction == "none":

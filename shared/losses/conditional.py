@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from shared.distributed import gather_no_grad, gather_with_offset
 from shared.losses._checks import (
+    check_block_size,
     check_features,
     check_labels,
     check_positive,
@@ -21,6 +22,8 @@ from shared.losses.core import autocast_off, masked_logsumexp
 
 __all__ = ["ConditionalContrastiveLoss", "conditional_contrastive_loss"]
 
+Reduction = Literal["mean", "sum", "none"]
+
 
 def conditional_contrastive_loss(
     embeddings: Tensor,
@@ -30,7 +33,7 @@ def conditional_contrastive_loss(
     temperature: float = 1.0,
     gather: bool = False,
     block_size: int | None = None,
-    reduction: Literal["mean", "sum", "none"] = "mean",
+    reduction: Reduction = "mean",
 ) -> Tensor:
     """The 2C loss: pull each embedding to its class proxy and to same-class embeddings.
 
@@ -41,6 +44,7 @@ def conditional_contrastive_loss(
     extra column per anchor, added to both sums with ``logaddexp`` around the core's
     log-sum-exps. With ``gather=True`` the embeddings and labels of every rank are the contrasts
     (StudioGAN gathers everything first); see :func:`shared.losses.supcon_loss` for the scaling.
+    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`).
 
     Shape:
         embeddings: ``(N, D)``; proxies: ``(N, D)`` holding e(y_i) for row i; labels: ``(N,)``;
@@ -75,14 +79,20 @@ class ConditionalContrastiveLoss(nn.Module):
     """Module form of :func:`conditional_contrastive_loss`."""
 
     def __init__(
-        self, temperature: float = 1.0, gather: bool = False, block_size: int | None = None
+        self,
+        temperature: float = 1.0,
+        gather: bool = False,
+        block_size: int | None = None,
+        reduction: Reduction = "mean",
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.gather, self.block_size = gather, block_size
+        self.gather, self.block_size = gather, check_block_size(block_size)
+        self.reduction: Reduction = reduction
+        check_reduction(reduction)
 
     def forward(self, embeddings: Tensor, proxies: Tensor, labels: Tensor) -> Tensor:
         return conditional_contrastive_loss(
             embeddings, proxies, labels, temperature=self.temperature, gather=self.gather,
-            block_size=self.block_size,
+            block_size=self.block_size, reduction=self.reduction,
         )  # fmt: skip

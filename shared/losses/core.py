@@ -16,6 +16,14 @@ core uses a bound on every logit, ``|L_ik| ≤ max‖a‖·max‖c‖/τ`` (``1/
 every ``exp(L_ik − shift)`` stays a normal float and the sums cannot overflow, the plain
 exponentials are exact (no shift at all for τ ≥ 0.025 in fp32, a constant shift up to τ ≈ 0.017).
 For a smaller τ the core falls back to max-shifted ``logsumexp`` with ``finfo.min`` masking.
+
+Empty batches (the rule every loss of :mod:`shared.losses` follows). A batch with zero rows is a
+zero loss with a zero gradient, not an error: with ``reduction="mean"`` or ``"sum"`` the result is
+a scalar 0 still attached to the autograd graph of the input, so ``.backward()`` runs and gives
+zero gradients (under DDP every rank must run its backward, whatever its batch); with
+``reduction="none"`` it is an empty per-row tensor of the usual trailing shape. With
+``gather=True`` a rank without rows still joins every collective, forward and backward. Here,
+M = 0 anchors gives empty results and K = 0 contrasts gives sums over nothing: ``-inf``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+from shared.losses._checks import check_block_size
 
 __all__ = ["DENSE_MAX_ELEMENTS", "LogSumExps", "autocast_off", "masked_logsumexp"]
 
@@ -87,13 +97,14 @@ def masked_logsumexp(
         block_size: ``None`` picks the dense path up to ``DENSE_MAX_ELEMENTS`` logits and blocks
             above; an int forces the memory-bounded blockwise path with that many anchor rows.
 
+    M = 0 or K = 0 is allowed (see the module docstring): empty results, or ``-inf`` sums.
+
     Shape:
         anchors: ``(M, D)``; contrasts: ``(K, D)``; self_index, anchor_labels: ``(M,)``;
         contrast_labels: ``(K,)``; each field of the result: ``(M,)``.
     """
     M, K = anchors.shape[0], contrasts.shape[0]
-    if block_size is not None and block_size < 1:
-        raise ValueError(f"block_size must be a positive int or None, got {block_size}")
+    check_block_size(block_size)
     if (anchor_labels is None) != (contrast_labels is None):
         raise ValueError("anchor_labels and contrast_labels must be given together")
     dtype = torch.float64 if torch.float64 in (anchors.dtype, contrasts.dtype) else torch.float32
@@ -112,8 +123,8 @@ def masked_logsumexp(
             bound = float(a.norm(dim=1).max() * c.norm(dim=1).max()) / temperature if M * K else 0.0
         shift = _fixed_shift(bound, dtype)
         cache = block_size is None and M * K <= DENSE_MAX_ELEMENTS
-        if block_size is None:
-            block_size = M if cache else max(1, BLOCK_ELEMENTS // max(K, 1))
+        if block_size is None:  # at least 1: with M = 0 there is no block, not a 0-row one
+            block_size = max(M, 1) if cache else max(1, BLOCK_ELEMENTS // max(K, 1))
         lse_all, lse_pos = _MaskedLogSumExp.apply(
             a, c, 1.0 / temperature, shift, self_index, anchor_labels, contrast_labels,
             block_size, cache, symmetric,

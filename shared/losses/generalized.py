@@ -12,6 +12,9 @@ google-research/simclr):
   The prior and the normalisation of h go together as in the notebook: uniform hypersphere =
   normal samples, normalised (h normalised too); normal = normal samples, nothing normalised;
   uniform hypercube = U(−1, 1) samples, nothing normalised.
+
+Empty batches follow the rule of :mod:`shared.losses.core`: every mean over no element is 0, not
+NaN, so N = 0 rows give a zero loss with a zero gradient, still attached to the inputs' graph.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shared.losses._checks import check_choice, check_features, check_positive, check_same_shape
+from shared.losses._checks import (
+    check_choice,
+    check_features,
+    check_generator,
+    check_positive,
+    check_same_shape,
+)
 from shared.losses.core import autocast_off
 
 __all__ = [
@@ -42,6 +51,23 @@ PRIORS: tuple[str, ...] = (
     "uniform_hypercube",
     "decoupled_nt_xent",
 )
+
+
+def _mean(x: Tensor) -> Tensor:
+    """Mean of every element; 0 (not NaN) over none, still attached to ``x``'s graph."""
+    return x.mean() if x.numel() else x.sum()
+
+
+def _check_lam(lam: float) -> float:
+    if not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
+        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+    return float(lam)
+
+
+def _check_scale(scale: float) -> float:
+    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    return float(scale)
 
 
 def random_orthogonal(
@@ -97,7 +123,8 @@ def sliced_wasserstein_distance(
     Both are projected on the columns of a fresh random orthogonal matrix (``num_projections``
     of them, D by default as in the notebook; more than D uses several independent orthogonal
     blocks); each projection is sorted over the batch and the mean squared difference of the
-    sorted values is returned. Gradients flow to ``x`` through the sort.
+    sorted values is returned. Gradients flow to ``x`` through the sort. N = 0 gives 0 (see
+    :mod:`shared.losses.core`). ``generator`` must be on ``x``'s device.
 
     Shape:
         x, prior_samples: ``(N, D)``; result: scalar.
@@ -105,6 +132,7 @@ def sliced_wasserstein_distance(
     check_features(x, "x", ndim=2)
     check_features(prior_samples, "prior_samples", ndim=2)
     check_same_shape(x, prior_samples, "x and prior_samples")
+    check_generator(generator, x, "x")
     D = x.shape[1]
     projections = D if num_projections is None else num_projections
     if projections < 1:
@@ -116,7 +144,7 @@ def sliced_wasserstein_distance(
     W = torch.cat(blocks, dim=1)[:, :projections]  # (D, P)
     x_sorted = torch.sort(x @ W, dim=0).values  # (N, P), each projection sorted over the batch
     p_sorted = torch.sort(prior_samples.to(x.dtype) @ W, dim=0).values  # (N, P)
-    return (p_sorted - x_sorted).pow(2).mean()
+    return _mean((p_sorted - x_sorted).pow(2))
 
 
 def generalized_contrastive_loss(
@@ -133,7 +161,8 @@ def generalized_contrastive_loss(
 
     ``prior`` picks the distribution term; the default is the uniform hypersphere, as in the
     paper. ``temperature`` only acts on ``"decoupled_nt_xent"`` and ``generator`` only on the
-    sliced-Wasserstein priors (the random projection and the prior samples).
+    sliced-Wasserstein priors (the random projection and the prior samples); it must be on the
+    device of ``h1``. N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`).
 
     Shape:
         h1, h2: ``(N, D)``; result: scalar.
@@ -143,20 +172,19 @@ def generalized_contrastive_loss(
     check_same_shape(h1, h2, "h1 and h2")
     check_choice(prior, PRIORS, "prior")
     check_positive(temperature, "temperature")
-    if not math.isfinite(lam) or lam < 0:
-        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    _check_lam(lam)
+    _check_scale(scale)
+    check_generator(generator, h1, "h1")
     with autocast_off(h1):
         dtype = torch.float64 if h1.dtype == torch.float64 else torch.float32
         h1, h2 = h1.to(dtype), h2.to(dtype)
         if prior in ("uniform_hypersphere", "decoupled_nt_xent"):
             h1, h2 = F.normalize(h1, dim=1), F.normalize(h2, dim=1)
-        align = (h1 - h2).pow(2).mean() / 2
+        align = _mean((h1 - h2).pow(2)) / 2
         H = torch.cat([h1, h2], dim=0)  # (2N, D)
         N2, D = H.shape
         if prior == "decoupled_nt_xent":
-            dist = (torch.logsumexp(H @ H.T / temperature, dim=1) - math.log(D)).mean()
+            dist = _mean(torch.logsumexp(H @ H.T / temperature, dim=1) - math.log(D))
         else:
             samples = sample_prior(
                 prior, (N2, D), generator=generator, device=H.device, dtype=dtype
@@ -166,7 +194,12 @@ def generalized_contrastive_loss(
 
 
 class GeneralizedContrastiveLoss(nn.Module):
-    """Module form of :func:`generalized_contrastive_loss`; holds its own generator if seeded."""
+    """Module form of :func:`generalized_contrastive_loss`; seeded, it draws from its own stream.
+
+    With ``seed``, one generator per device is made on the first call with inputs there
+    (``torch.Generator(device=...)`` seeded with ``seed``) and kept, so successive calls draw fresh
+    numbers and two modules with the same seed draw the same ones, on CPU and GPU alike.
+    """
 
     def __init__(
         self,
@@ -178,20 +211,26 @@ class GeneralizedContrastiveLoss(nn.Module):
     ) -> None:
         super().__init__()
         check_choice(prior, PRIORS, "prior")
-        if not math.isfinite(lam) or lam < 0:
-            raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
         self.prior: Prior = prior
-        self.lam, self.scale = lam, scale
+        self.lam, self.scale = _check_lam(lam), _check_scale(scale)
         self.temperature = check_positive(temperature, "temperature")
-        self.generator: torch.Generator | None = None
-        if seed is not None:
-            self.generator = torch.Generator().manual_seed(seed)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be an int or None, got {seed!r}")
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def generator_for(self, device: torch.device) -> torch.Generator | None:
+        """This module's generator on ``device`` (made on first use), or ``None`` unseeded."""
+        if self.seed is None:
+            return None
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = torch.Generator(device=device).manual_seed(self.seed)
+            self._generators[device] = generator
+        return generator
 
     def forward(self, h1: Tensor, h2: Tensor) -> Tensor:
-        generator = self.generator
-        if generator is not None and generator.device != h1.device:
-            generator = None  # a CPU generator cannot drive sampling on another device
         return generalized_contrastive_loss(
             h1, h2, prior=self.prior, lam=self.lam, temperature=self.temperature,
-            scale=self.scale, generator=generator,
+            scale=self.scale, generator=self.generator_for(h1.device),
         )  # fmt: skip

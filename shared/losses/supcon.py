@@ -4,11 +4,14 @@ All of them are thin derivations of the contrastive core (:mod:`shared.losses.co
 log-softmax over ``anchors × contrasts``. SupCon's ``L_out`` never builds an N×N positive mask:
 ``Σ_{p ∈ P(i)} s_ip = a_i · (S_{y_i} − a_i)`` with ``S_y`` the sum of the class's contrast rows,
 which costs O(N·D).
+
+Every loss here follows the empty-batch rule of :mod:`shared.losses.core`: N = 0 rows give a zero
+loss with a zero gradient (an empty per-row tensor with ``reduction="none"``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,7 @@ from torch import Tensor, nn
 
 from shared.distributed import gather_no_grad, gather_with_offset
 from shared.losses._checks import (
+    check_block_size,
     check_choice,
     check_features,
     check_labels,
@@ -28,15 +32,11 @@ from shared.losses.core import autocast_off, masked_logsumexp
 
 __all__ = [
     "GraphCLLoss",
-    "NPairsLoss",
     "NTXentLoss",
     "SupConLoss",
-    "TripletLoss",
     "graphcl_loss",
-    "npairs_loss",
     "nt_xent_loss",
     "supcon_loss",
-    "triplet_loss",
 ]
 
 Variant = Literal["out", "in"]
@@ -44,9 +44,14 @@ ContrastMode = Literal["all", "one"]
 Reduction = Literal["mean", "sum", "none"]
 
 
+def _upcast(x: Tensor) -> Tensor:
+    """fp32 for the loss maths whatever the autocast dtype (fp64 stays fp64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def _normalize(x: Tensor) -> Tensor:
     """L2-normalise in fp32 (fp64 stays fp64): logits are never computed in half precision."""
-    return F.normalize(x if x.dtype == torch.float64 else x.float(), dim=-1)
+    return F.normalize(_upcast(x), dim=-1)
 
 
 def _positive_logit_sums(
@@ -71,6 +76,91 @@ def _positive_logit_sums(
     return to_class - (anchors * own).sum(1), counts[ya] - 1
 
 
+def _other_view_sums(z: Tensor, contrast_mode: ContrastMode) -> tuple[Tensor, Tensor]:
+    """SimCLR's positives, a sample's other views (all local): ``Σ_p a_i·c_p`` and ``|P(i)|``.
+
+    Shape:
+        z: ``(N, V, D)``; results: ``(M,)`` each, M = N·V (``"all"``) or N (``"one"``).
+    """
+    others = z.sum(1, keepdim=True) - z  # (N, V, D): sum of the other views
+    positive_sum = (z * others).sum(-1)  # (N, V)
+    positive_sum = positive_sum.reshape(-1) if contrast_mode == "all" else positive_sum[:, 0]
+    return positive_sum, torch.full_like(positive_sum, z.shape[1] - 1, dtype=torch.long)
+
+
+class _Rows(NamedTuple):
+    """What SupCon contrasts: anchors, contrasts, their classes and each anchor's positives."""
+
+    anchors: Tensor  # (M, D)
+    contrasts: Tensor  # (K, D), row = global sample · V + view
+    self_index: Tensor  # (M,) each anchor's own column
+    ya: Tensor  # (M,) class index of each anchor
+    yc: Tensor  # (K,) class index of each contrast
+    positive_sum: Tensor  # (M,) Σ_{p ∈ P(i)} a_i·c_p
+    n_pos: Tensor  # (M,) |P(i)|, long
+
+
+def _supcon_rows(z: Tensor, y: Tensor | None, contrast_mode: ContrastMode, gather: bool) -> _Rows:
+    """Anchors, contrasts (every rank's with ``gather``) and positives of normalised views.
+
+    Shape:
+        z: ``(N, V, D)``; y: ``(N,)``; fields: see :class:`_Rows`.
+    """
+    N, V, D = z.shape
+    z_all, offset = gather_with_offset(z) if gather else (z, 0)  # (Ng, V, D)
+    Ng = z_all.shape[0]
+    samples = torch.arange(offset, offset + N, device=z.device)  # (N,) global sample index
+    if y is None:  # instance discrimination: the global sample index is the class
+        ya_samples, yc_samples = samples, torch.arange(Ng, device=z.device)
+    else:
+        y_all = gather_no_grad(y) if gather else y  # (Ng,)
+        uniq, yc_samples = torch.unique(y_all, return_inverse=True)  # (C,), (Ng,)
+        ya_samples, classes = yc_samples[samples], uniq.shape[0]
+    contrasts = z_all.reshape(Ng * V, D)  # (Ng·V, D), row = sample·V + view
+    yc = yc_samples.repeat_interleave(V)  # (Ng·V,)
+    if contrast_mode == "all":
+        # local rows, sample-major; without gather the very same tensor as the contrasts,
+        # which lets the core use the symmetry of the similarity matrix
+        anchors = z.reshape(N * V, D) if gather else contrasts  # (N·V, D)
+        self_index = offset * V + torch.arange(N * V, device=z.device)  # (N·V,)
+        ya = ya_samples.repeat_interleave(V)  # (N·V,)
+    else:
+        anchors = z[:, 0]  # (N, D)
+        self_index = samples * V  # (N,)
+        ya = ya_samples
+    if y is None:
+        positive_sum, n_pos = _other_view_sums(z, contrast_mode)
+    else:  # each anchor's own row, through the contrasts so its class-sum share cancels
+        own = (
+            contrasts[offset * V : (offset + N) * V]  # (N·V, D), a view
+            if contrast_mode == "all"
+            else z_all[offset : offset + N, 0]  # (N, D), a view
+        )
+        positive_sum, n_pos = _positive_logit_sums(anchors, contrasts, own, ya, yc, classes)
+    return _Rows(anchors, contrasts, self_index, ya, yc, positive_sum, n_pos)
+
+
+def _supcon_out(rows: _Rows, temperature: float, block_size: int | None) -> Tensor:
+    """Eq. 2: ℓ_i = log Σ_{a∈A(i)} exp(s_ia/τ) − mean_{p∈P(i)} s_ip/τ.  # (M,)"""
+    lse = masked_logsumexp(
+        rows.anchors, rows.contrasts, temperature=temperature, self_index=rows.self_index,
+        block_size=block_size,
+    )  # fmt: skip
+    return lse.all - rows.positive_sum / rows.n_pos.clamp(min=1) / temperature  # (M,)
+
+
+def _supcon_in(rows: _Rows, temperature: float, block_size: int | None) -> Tensor:
+    """Eq. 3: ℓ_i = log Σ_{a∈A(i)} exp(s_ia/τ) − log mean_{p∈P(i)} exp(s_ip/τ).  # (M,)"""
+    lse = masked_logsumexp(
+        rows.anchors, rows.contrasts, temperature=temperature, self_index=rows.self_index,
+        anchor_labels=rows.ya, contrast_labels=rows.yc, block_size=block_size,
+    )  # fmt: skip
+    assert lse.positive is not None
+    n_pos = rows.n_pos.clamp(min=1).to(lse.all.dtype)  # (M,)
+    log_mean_pos = torch.where(rows.n_pos > 0, lse.positive, 0.0) - n_pos.log()  # (M,)
+    return lse.all - log_mean_pos  # (M,)
+
+
 def supcon_loss(
     features: Tensor,
     labels: Tensor | None = None,
@@ -92,7 +182,8 @@ def supcon_loss(
 
     Anchors without a positive are left out of the mean (the reference counts them as 0 and still
     divides by them, diluting the loss); with none, the loss is 0 and its gradient is zero.
-    ``reduction="none"`` returns per-anchor losses, 0 where an anchor has no positive.
+    ``reduction="none"`` returns per-anchor losses, 0 where an anchor has no positive. An empty
+    batch (N = 0) gives a zero loss with a zero gradient (see :mod:`shared.losses.core`).
 
     Args:
         features: ``V`` views of ``N`` samples, normalised inside.
@@ -112,67 +203,16 @@ def supcon_loss(
     check_choice(variant, ("out", "in"), "variant")
     check_choice(contrast_mode, ("all", "one"), "contrast_mode")
     check_reduction(reduction)
-    N, V, D = features.shape
+    N, V, _ = features.shape
     y = None if labels is None else check_labels(labels, N)
-
     with autocast_off(features):
         z = _normalize(features)  # (N, V, D)
-        z_all, offset = gather_with_offset(z) if gather else (z, 0)  # (Ng, V, D)
-        Ng = z_all.shape[0]
-        samples = torch.arange(offset, offset + N, device=z.device)  # (N,) global sample index
-        if y is None:  # instance discrimination: the global sample index is the class
-            ya_samples, yc_samples = samples, torch.arange(Ng, device=z.device)
-        else:
-            y_all = gather_no_grad(y) if gather else y  # (Ng,)
-            uniq, yc_samples = torch.unique(y_all, return_inverse=True)  # (C,), (Ng,)
-            ya_samples, classes = yc_samples[samples], uniq.shape[0]
-        contrasts = z_all.reshape(Ng * V, D)  # (Ng·V, D), row = sample·V + view
-        yc = yc_samples.repeat_interleave(V)  # (Ng·V,)
-        if contrast_mode == "all":
-            # local rows, sample-major; without gather the very same tensor as the contrasts,
-            # which lets the core use the symmetry of the similarity matrix
-            anchors = z.reshape(N * V, D) if gather else contrasts  # (N·V, D)
-            self_index = offset * V + torch.arange(N * V, device=z.device)  # (N·V,)
-            ya = ya_samples.repeat_interleave(V)  # (N·V,)
-        else:
-            anchors = z[:, 0]  # (N, D)
-            self_index = samples * V  # (N,)
-            ya = ya_samples
-
-        if y is None:  # SimCLR: the positives are the sample's other views, all local
-            others = z.sum(1, keepdim=True) - z  # (N, V, D): sum of the other views
-            positive_sum = (z * others).sum(-1)  # (N, V)
-            positive_sum = (
-                positive_sum.reshape(-1) if contrast_mode == "all" else positive_sum[:, 0]
-            )
-            n_pos = torch.full_like(positive_sum, V - 1, dtype=torch.long)  # (M,)
-        else:  # each anchor's own row, through the contrasts so its class-sum share cancels
-            own = (
-                contrasts[offset * V : (offset + N) * V]  # (N·V, D), a view
-                if contrast_mode == "all"
-                else z_all[offset : offset + N, 0]  # (N, D), a view
-            )
-            positive_sum, n_pos = _positive_logit_sums(anchors, contrasts, own, ya, yc, classes)
-        valid = n_pos > 0
-        if variant == "out":
-            lse = masked_logsumexp(
-                anchors, contrasts, temperature=temperature, self_index=self_index,
-                block_size=block_size,
-            )  # fmt: skip
-            per_anchor = lse.all - positive_sum / n_pos.clamp(min=1) / temperature  # (M,)
-        else:
-            lse = masked_logsumexp(
-                anchors, contrasts, temperature=temperature, self_index=self_index,
-                anchor_labels=ya, contrast_labels=yc, block_size=block_size,
-            )  # fmt: skip
-            assert lse.positive is not None
-            log_mean_pos = (
-                torch.where(valid, lse.positive, 0.0) - n_pos.clamp(min=1).to(z.dtype).log()
-            )
-            per_anchor = lse.all - log_mean_pos  # (M,)
-        loss = reduce(per_anchor, reduction, valid)
+        rows = _supcon_rows(z, y, contrast_mode, gather)
+        per_variant = _supcon_out if variant == "out" else _supcon_in
+        per_anchor = per_variant(rows, temperature, block_size)  # (M,)
+        loss = reduce(per_anchor, reduction, rows.n_pos > 0)
     if reduction == "none":
-        return loss.reshape(N, V) if contrast_mode == "all" else loss
+        return loss.reshape(N, V) if contrast_mode == "all" else loss  # (N, V) or (N,)
     return loss
 
 
@@ -190,7 +230,8 @@ def nt_xent_loss(
     Each of the 2N views is an anchor whose positive is the other view of its sample and whose
     negatives are the other 2N−2 views; the loss is the mean over the 2N anchors (the TF
     reference returns twice this value: mind it when transferring learning rates). τ = 0.5 is the
-    paper's CIFAR default. Identical embeddings give log(2N−1).
+    paper's CIFAR default. Identical embeddings give log(2N−1). N = 0 gives a zero loss with a
+    zero gradient (see :mod:`shared.losses.core`).
 
     Shape:
         z1, z2: ``(N, D)``; result: scalar, or ``(N, 2)`` with ``reduction="none"``.
@@ -219,87 +260,25 @@ def graphcl_loss(
     from view 2 only, and the positive left OUT of the denominator, so the loss can be negative.
     τ = 0.2 in the unsupervised TU experiments (0.5 semi-supervised, 0.1 transfer).
 
+    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`); N = 1 raises:
+    the lone anchor has no negative, so its denominator is empty and its loss would be −∞.
+
     Shape:
-        z1, z2: ``(N, D)`` with N ≥ 2; result: scalar, or ``(N,)`` with ``reduction="none"``.
+        z1, z2: ``(N, D)`` with N ≠ 1; result: scalar, or ``(N,)`` with ``reduction="none"``.
     """
     check_features(z1, "z1", ndim=2)
     check_features(z2, "z2", ndim=2)
     check_same_shape(z1, z2, "z1 and z2")
     check_positive(temperature, "temperature")
     check_reduction(reduction)
-    if z1.shape[0] < 2:
-        raise ValueError(f"graphcl_loss needs at least 2 samples (negatives), got {z1.shape[0]}")
+    if z1.shape[0] == 1:
+        raise ValueError("graphcl_loss needs at least 2 samples (negatives), got 1")
     with autocast_off(z1):
         a, c = _normalize(z1), _normalize(z2)  # (N, D) each
         own = torch.arange(a.shape[0], device=a.device)  # the positive column, left out
         lse = masked_logsumexp(a, c, temperature=temperature, self_index=own, block_size=block_size)
         per_anchor = lse.all - (a * c).sum(1) / temperature  # (N,)
         return reduce(per_anchor, reduction)
-
-
-def npairs_loss(
-    anchors: Tensor,
-    positives: Tensor,
-    *,
-    temperature: float = 1.0,
-    normalize: bool = True,
-    block_size: int | None = None,
-    reduction: Reduction = "mean",
-) -> Tensor:
-    """Multi-class N-pair loss (Sohn 2016, Eq. 6): one positive and N−1 negatives per anchor.
-
-    ℓ_i = log(1 + Σ_{j≠i} exp((f_i·f⁺_j − f_i·f⁺_i)/τ)), i.e. a softmax cross-entropy of
-    anchor i over all positives with target i. Per anchor it equals SupCon with that anchor's
-    single positive and the other positives as negatives (tested). Sohn uses raw embeddings with
-    an L2 penalty (``normalize=False``, τ = 1); ``normalize=True`` uses cosine similarities.
-
-    Shape:
-        anchors, positives: ``(N, D)``; result: scalar, or ``(N,)`` with ``reduction="none"``.
-    """
-    check_features(anchors, "anchors", ndim=2)
-    check_features(positives, "positives", ndim=2)
-    check_same_shape(anchors, positives, "anchors and positives")
-    check_positive(temperature, "temperature")
-    check_reduction(reduction)
-    with autocast_off(anchors):
-        a, p = (_normalize(anchors), _normalize(positives)) if normalize else (anchors, positives)
-        lse = masked_logsumexp(a, p, temperature=temperature, block_size=block_size)
-        per_anchor = lse.all - (a * p).sum(1) / temperature  # (N,)
-        return reduce(per_anchor, reduction)
-
-
-def triplet_loss(
-    anchor: Tensor,
-    positive: Tensor,
-    negative: Tensor,
-    *,
-    margin: float = 0.2,
-    normalize: bool = True,
-    reduction: Reduction = "mean",
-) -> Tensor:
-    """Triplet loss on squared Euclidean distances (Schroff et al. 2015, FaceNet, Eq. 1).
-
-    ℓ_i = max(0, ‖a_i − p_i‖² − ‖a_i − n_i‖² + margin), margin α = 0.2 as in FaceNet, on
-    L2-normalised embeddings by default. Relation to SupCon (Khosla et al. 2020, Sec. 7 of the
-    supplement): with one positive and one negative per anchor SupCon is
-    softplus((‖a−p‖² − ‖a−n‖²)/(2τ)), so 2τ·SupCon → triplet loss with margin 0 as τ → 0 (tested).
-
-    Shape:
-        anchor, positive, negative: ``(N, D)``; result: scalar, or ``(N,)``.
-    """
-    for x, name in ((anchor, "anchor"), (positive, "positive"), (negative, "negative")):
-        check_features(x, name, ndim=2)
-    check_same_shape(anchor, positive, "anchor and positive")
-    check_same_shape(anchor, negative, "anchor and negative")
-    if not margin >= 0:
-        raise ValueError(f"margin must be >= 0, got {margin!r}")
-    check_reduction(reduction)
-    with autocast_off(anchor):
-        if normalize:
-            anchor, positive, negative = (_normalize(x) for x in (anchor, positive, negative))
-        d_pos = (anchor - positive).pow(2).sum(1)  # (N,)
-        d_neg = (anchor - negative).pow(2).sum(1)  # (N,)
-        return reduce(F.relu(d_pos - d_neg + margin), reduction)
 
 
 class SupConLoss(nn.Module):
@@ -312,19 +291,23 @@ class SupConLoss(nn.Module):
         contrast_mode: ContrastMode = "all",
         gather: bool = False,
         block_size: int | None = None,
+        reduction: Reduction = "mean",
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
         self.variant: Variant = variant
         self.contrast_mode: ContrastMode = contrast_mode
-        self.gather, self.block_size = gather, block_size
+        self.gather, self.block_size = gather, check_block_size(block_size)
+        self.reduction: Reduction = reduction
         check_choice(variant, ("out", "in"), "variant")
         check_choice(contrast_mode, ("all", "one"), "contrast_mode")
+        check_reduction(reduction)
 
     def forward(self, features: Tensor, labels: Tensor | None = None) -> Tensor:
         return supcon_loss(
             features, labels, temperature=self.temperature, variant=self.variant,
             contrast_mode=self.contrast_mode, gather=self.gather, block_size=self.block_size,
+            reduction=self.reduction,
         )  # fmt: skip
 
 
@@ -332,52 +315,42 @@ class NTXentLoss(nn.Module):
     """Module form of :func:`nt_xent_loss`."""
 
     def __init__(
-        self, temperature: float = 0.5, gather: bool = False, block_size: int | None = None
+        self,
+        temperature: float = 0.5,
+        gather: bool = False,
+        block_size: int | None = None,
+        reduction: Reduction = "mean",
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.gather, self.block_size = gather, block_size
+        self.gather, self.block_size = gather, check_block_size(block_size)
+        self.reduction: Reduction = reduction
+        check_reduction(reduction)
 
     def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
         return nt_xent_loss(
-            z1, z2, temperature=self.temperature, gather=self.gather, block_size=self.block_size
-        )
+            z1, z2, temperature=self.temperature, gather=self.gather, block_size=self.block_size,
+            reduction=self.reduction,
+        )  # fmt: skip
 
 
 class GraphCLLoss(nn.Module):
     """Module form of :func:`graphcl_loss`."""
 
-    def __init__(self, temperature: float = 0.2, block_size: int | None = None) -> None:
+    def __init__(
+        self,
+        temperature: float = 0.2,
+        block_size: int | None = None,
+        reduction: Reduction = "mean",
+    ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.block_size = block_size
+        self.block_size = check_block_size(block_size)
+        self.reduction: Reduction = reduction
+        check_reduction(reduction)
 
     def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
-        return graphcl_loss(z1, z2, temperature=self.temperature, block_size=self.block_size)
-
-
-class NPairsLoss(nn.Module):
-    """Module form of :func:`npairs_loss`."""
-
-    def __init__(self, temperature: float = 1.0, normalize: bool = True) -> None:
-        super().__init__()
-        self.temperature = check_positive(temperature, "temperature")
-        self.normalize = normalize
-
-    def forward(self, anchors: Tensor, positives: Tensor) -> Tensor:
-        return npairs_loss(
-            anchors, positives, temperature=self.temperature, normalize=self.normalize
-        )
-
-
-class TripletLoss(nn.Module):
-    """Module form of :func:`triplet_loss`."""
-
-    def __init__(self, margin: float = 0.2, normalize: bool = True) -> None:
-        super().__init__()
-        self.margin, self.normalize = margin, normalize
-
-    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
-        return triplet_loss(
-            anchor, positive, negative, margin=self.margin, normalize=self.normalize
-        )
+        return graphcl_loss(
+            z1, z2, temperature=self.temperature, block_size=self.block_size,
+            reduction=self.reduction,
+        )  # fmt: skip

@@ -200,6 +200,9 @@ CASES: dict[str, Case] = {
         lambda z, y, b: npairs_loss(*_views(z)[:2], normalize=False, block_size=b)
     ),
     "triplet": Case(lambda z, y, b: triplet_loss(*_views(z), margin=0.2), blockwise=False),
+    "triplet_unnormalized": Case(
+        lambda z, y, b: triplet_loss(*_views(z), margin=0.2, normalize=False), blockwise=False
+    ),
     "conditional": Case(
         lambda z, y, b: conditional_contrastive_loss(
             *_views(z)[:2], y, temperature=0.5, block_size=b
@@ -240,10 +243,7 @@ CASES: dict[str, Case] = {
     ),
 }
 # Known defects, strict: the test turns red once the loss is fixed, so the entry gets removed.
-BF16_BUGS = {
-    "npairs_unnormalized": "npairs_loss(normalize=False) computes the positive logits a·p in the "
-    "input dtype, bf16 under autocast, instead of fp32 (shared/losses/supcon.py)",
-}
+BF16_BUGS: dict[str, str] = {}
 
 
 def _loss_params(known_bugs: dict[str, str]) -> list[Any]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -333,6 +335,38 @@ def test_seeded_generator_fixes_the_swd_loss(prior: str) -> None:
     for _ in range(2):
         want = generalized_contrastive_loss(h1, h2, prior=prior, lam=0.6, scale=1.3, generator=g)  # type: ignore[arg-type]
         assert module(h1, h2).item() == want.item()
+
+
+@pytest.mark.parametrize("prior", SWD_PRIORS)
+def test_seeded_module_draws_a_reproducible_stream_on_the_inputs_device(prior: str) -> None:
+    h1, h2 = _views(3, 6, 4)
+
+    def losses(seed: int) -> list[float]:
+        module = GeneralizedContrastiveLoss(prior=prior, seed=seed)  # type: ignore[arg-type]
+        values = [module(h1, h2).item() for _ in range(3)]
+        # one generator for the inputs' device, made there and kept between calls
+        generator = module.generator_for(h1.device)
+        assert generator is not None and generator.device == h1.device
+        assert module.generator_for(h1.device) is generator
+        return values
+
+    first = losses(5)
+    torch.manual_seed(123)  # the global stream plays no part
+    assert losses(5) == first
+    assert len(set(first)) == 3  # successive calls draw fresh numbers
+    assert all(a != pytest.approx(b, abs=1e-9) for a, b in zip(first, losses(6), strict=True))
+    assert GeneralizedContrastiveLoss(prior=prior).generator_for(h1.device) is None  # type: ignore[arg-type]
+
+
+def test_generator_on_another_device_raises_naming_both() -> None:
+    h = torch.randn(4, 3, dtype=F64)
+    # a stand-in for a CUDA generator, so that this runs on a CPU-only machine too
+    elsewhere: Any = SimpleNamespace(device=torch.device("cuda", 0))
+    message = "generator is on device cuda:0 but h1 is on device cpu"
+    with pytest.raises(ValueError, match=message):
+        generalized_contrastive_loss(h, h, generator=elsewhere)
+    with pytest.raises(ValueError, match="generator is on device cuda:0 but x is on device cpu"):
+        sliced_wasserstein_distance(h, h, generator=elsewhere)
 
 
 def test_decoupled_loss_ignores_the_generator() -> None:

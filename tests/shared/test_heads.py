@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from shared import heads
 from shared.heads import LinearHead, ProjectionHead, simclr_v1_head, simclr_v2_head
 
 IN_DIM = 12
@@ -103,3 +104,11 @@ def test_heads_reject_bad_sizes(factory: Callable[[], nn.Module], bad: str) -> N
 def test_projection_head_rejects_wrong_input_shape() -> None:
     with pytest.raises(ValueError, match=r"\(N, 12\)"):
         simclr_v1_head(IN_DIM)(torch.randn(4, IN_DIM + 1))
+
+
+def test_size_check_is_named_for_what_it_checks() -> None:
+    # heads check sizes >= 1; shared.losses._checks.check_positive means > 0: distinct names
+    assert not hasattr(heads, "_check_positive")
+    heads._check_at_least_one(in_dim=1, num_layers=3)
+    with pytest.raises(ValueError, match="hidden_dim must be >= 1, got 0"):
+        heads._check_at_least_one(in_dim=1, hidden_dim=0)

@@ -3,29 +3,42 @@ gradients, precision and bad input. Oracles are literal loops over the paper for
 
 from __future__ import annotations
 
+import inspect
+import io
 import math
+import os
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 import shared.losses.core as core
 from shared.losses import (
     ConditionalContrastiveLoss,
+    GeneralizedContrastiveLoss,
     GraphCLLoss,
     NPairsLoss,
     NTXentLoss,
     SupConLoss,
     TripletLoss,
     conditional_contrastive_loss,
+    generalized_contrastive_loss,
     graphcl_loss,
     masked_logsumexp,
     npairs_loss,
     nt_xent_loss,
+    sliced_wasserstein_distance,
     supcon_loss,
     triplet_loss,
 )
+from shared.losses.supcon import _supcon_rows
 
 SEEDS = (0, 1, 2)
 
@@ -506,3 +519,275 @@ def test_modules_delegate_to_the_functions() -> None:
     )
     two_c = ConditionalContrastiveLoss(0.5)(z1, z2, labels).item()
     assert two_c == conditional_contrastive_loss(z1, z2, labels, temperature=0.5).item()
+
+
+def test_supcon_rows_hold_each_anchors_positives() -> None:
+    z = F.normalize(_features(0, 5, 2), dim=-1)  # (5, 2, D)
+    labels = torch.tensor([3, 1, 3, 3, 1])
+    rows = _supcon_rows(z, labels, "all", gather=False)
+    assert rows.anchors is rows.contrasts  # (10, D): the core may use the symmetry
+    assert torch.equal(rows.self_index, torch.arange(10))
+    same = rows.ya.unsqueeze(1) == rows.yc.unsqueeze(0)  # (10, 10)
+    same.fill_diagonal_(False)
+    assert torch.equal(rows.n_pos, same.sum(1))
+    dense = (rows.anchors @ rows.contrasts.T * same).sum(1)  # (10,)
+    assert torch.allclose(rows.positive_sum, dense, atol=1e-12)
+    one = _supcon_rows(z, None, "one", gather=False)  # SimCLR, view 0 anchors
+    assert torch.equal(one.anchors, z[:, 0]) and torch.equal(one.self_index, torch.arange(5) * 2)
+    assert torch.equal(one.n_pos, torch.ones(5, dtype=torch.long))
+    assert torch.allclose(one.positive_sum, (z[:, 0] * z[:, 1]).sum(1), atol=1e-12)
+
+
+# ---------------------------------------------------------------- empty batches
+
+# every loss on an empty batch x: (0, V=3, D); (loss(x, labels, reduction), shape of "none")
+EmptyCase = tuple[Callable[[Tensor, Tensor, str], Tensor], tuple[int, ...] | None]
+EMPTY_CASES: dict[str, EmptyCase] = {
+    **{
+        f"supcon_{variant}_{mode}_{'labelled' if labelled else 'simclr'}": (
+            lambda x, y, r, variant=variant, mode=mode, labelled=labelled: supcon_loss(
+                x, y if labelled else None, variant=variant, contrast_mode=mode, reduction=r
+            ),
+            (0, 3) if mode == "all" else (0,),
+        )
+        for variant in ("out", "in")
+        for mode in ("all", "one")
+        for labelled in (False, True)
+    },
+    "supcon_blockwise": (lambda x, y, r: supcon_loss(x, y, block_size=2, reduction=r), (0, 3)),
+    "nt_xent": (lambda x, y, r: nt_xent_loss(x[:, 0], x[:, 1], reduction=r), (0, 2)),
+    "graphcl": (lambda x, y, r: graphcl_loss(x[:, 0], x[:, 1], reduction=r), (0,)),
+    "npairs": (lambda x, y, r: npairs_loss(x[:, 0], x[:, 1], reduction=r), (0,)),
+    "triplet": (lambda x, y, r: triplet_loss(x[:, 0], x[:, 1], x[:, 2], reduction=r), (0,)),
+    "two_c": (
+        lambda x, y, r: conditional_contrastive_loss(x[:, 0], x[:, 1], y, reduction=r),
+        (0,),
+    ),
+    **{
+        f"generalized_{prior}": (
+            lambda x, y, r, prior=prior: generalized_contrastive_loss(
+                x[:, 0], x[:, 1], prior=prior, generator=torch.Generator().manual_seed(0)
+            ),
+            None,
+        )
+        for prior in ("uniform_hypersphere", "normal", "uniform_hypercube", "decoupled_nt_xent")
+    },
+    "sliced_wasserstein": (lambda x, y, r: sliced_wasserstein_distance(x[:, 0], x[:, 1]), None),
+}
+EMPTY_PARAMS = [
+    (name, reduction)
+    for name, (_, none_shape) in sorted(EMPTY_CASES.items())
+    for reduction in (("mean", "sum", "none") if none_shape is not None else ("mean",))
+]
+
+
+@pytest.mark.parametrize(("name", "reduction"), EMPTY_PARAMS)
+def test_empty_batch_gives_zero_loss_and_zero_gradient(name: str, reduction: str) -> None:
+    """The rule of shared.losses.core: no rows, a zero loss that still runs backward."""
+    loss_fn, none_shape = EMPTY_CASES[name]
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 3 * 5).double()
+    x = layer(torch.empty(0, 4, dtype=torch.float64)).view(0, 3, 5)  # (0, V, D)
+    loss = loss_fn(x, torch.empty(0, dtype=torch.long), reduction)
+    if reduction == "none":
+        assert loss.shape == none_shape
+    else:
+        assert loss.shape == () and loss.item() == 0.0
+    assert loss.grad_fn is not None  # attached to the graph: every DDP rank can run backward
+    loss.sum().backward()
+    for param in layer.parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all()
+        assert torch.equal(param.grad, torch.zeros_like(param.grad))
+
+
+@pytest.mark.parametrize("labelled", [False, True])
+@pytest.mark.parametrize("block_size", [None, 1])
+def test_masked_logsumexp_with_no_anchors_or_no_contrasts(
+    labelled: bool, block_size: int | None
+) -> None:
+    rows = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    rows.requires_grad_()
+    empty = torch.empty(0, 4, dtype=torch.float64, requires_grad=True)
+
+    def labels(n: int) -> Tensor | None:
+        return torch.zeros(n, dtype=torch.long) if labelled else None
+
+    # M = 0 anchors: empty results, and a backward that gives zero gradients
+    out = masked_logsumexp(
+        empty, rows, temperature=0.5, anchor_labels=labels(0), contrast_labels=labels(3),
+        block_size=block_size,
+    )  # fmt: skip
+    assert out.all.shape == (0,)
+    assert (out.positive is not None and out.positive.shape == (0,)) == labelled
+    grads = torch.autograd.grad(out.all.sum(), (empty, rows))
+    assert grads[0].shape == (0, 4) and torch.equal(grads[1], torch.zeros_like(rows))
+    # K = 0 contrasts: every sum is over nothing, log 0 = -inf, and no gradient
+    out = masked_logsumexp(
+        rows, empty, temperature=0.5, anchor_labels=labels(3), contrast_labels=labels(0),
+        block_size=block_size,
+    )  # fmt: skip
+    minus_inf = torch.full((3,), -math.inf, dtype=torch.float64)
+    assert torch.equal(out.all, minus_inf)
+    assert out.positive is None or torch.equal(out.positive, minus_inf)
+    (grad,) = torch.autograd.grad(out.all.sum(), rows)
+    assert torch.equal(grad, torch.zeros_like(rows))
+    # no rows contrasted with themselves (the symmetric path)
+    out = masked_logsumexp(
+        empty, empty, temperature=0.5, self_index=torch.arange(0), block_size=block_size
+    )
+    assert out.all.shape == (0,)
+    (grad,) = torch.autograd.grad(out.all.sum(), empty)
+    assert grad.shape == (0, 4)
+
+
+# ------------------------------------------------- a rank without rows (2 gloo processes)
+
+EMPTY_RANK_ROWS = 4
+GATHER_LOSSES: dict[str, Callable[[Tensor, Tensor, bool], Tensor]] = {
+    "nt_xent": lambda x, y, gather: nt_xent_loss(x[:, 0], x[:, 1], gather=gather),
+    "supcon_out": lambda x, y, gather: supcon_loss(x, y, gather=gather),
+    "supcon_in_blocked": lambda x, y, gather: supcon_loss(
+        x, y, variant="in", gather=gather, block_size=3
+    ),
+    "supcon_one_simclr": lambda x, y, gather: supcon_loss(x, contrast_mode="one", gather=gather),
+    "two_c": lambda x, y, gather: conditional_contrastive_loss(x[:, 0], x[:, 1], y, gather=gather),
+}
+
+
+def _empty_rank_batch() -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(EMPTY_RANK_ROWS, 2, 3, generator=g, dtype=torch.float64)  # (N, V, D)
+    return x, torch.tensor([0, 1, 0, 1])
+
+
+def _empty_rank_worker(rank: int, port: int, queue: Any) -> None:
+    """Rank 0 holds the whole batch, rank 1 none; both run every gather and its backward."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        x, labels = _empty_rank_batch()
+        rows = slice(0, EMPTY_RANK_ROWS) if rank == 0 else slice(0, 0)
+        results = {}
+        for name, loss_fn in GATHER_LOSSES.items():
+            x_leaf = x[rows].clone().requires_grad_()
+            loss = loss_fn(x_leaf, labels[rows], True)
+            loss.backward()
+            assert x_leaf.grad is not None
+            results[name] = (loss.detach().clone(), x_leaf.grad.clone())
+        buffer = io.BytesIO()  # plain bytes: shared-memory tensors would die with the process
+        torch.save((rank, results), buffer)
+        queue.put(buffer.getvalue())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_without_rows_takes_part_in_the_gather() -> None:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    procs = [ctx.Process(target=_empty_rank_worker, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    per_rank = {}
+    for _ in procs:
+        rank, results = torch.load(io.BytesIO(queue.get(timeout=120)), weights_only=True)
+        per_rank[rank] = results
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    x, labels = _empty_rank_batch()
+    for name, loss_fn in GATHER_LOSSES.items():
+        x_leaf = x.clone().requires_grad_()
+        expected = loss_fn(x_leaf, labels, False)
+        (expected_grad,) = torch.autograd.grad(expected, x_leaf)
+        loss, grad = per_rank[0][name]  # the whole batch, plus rank 1's zero loss
+        assert loss.item() == pytest.approx(expected.item(), abs=1e-12), name
+        assert torch.allclose(grad, expected_grad, atol=1e-12), name
+        loss, grad = per_rank[1][name]
+        assert loss.item() == 0.0 and grad.shape == (0, 2, 3), name
+
+
+# ---------------------------------------------------------------- module wrappers
+
+# module, function, inputs, non-default value of every keyword-only option of the function
+# ("generator" is the module's seed: the function gets a generator seeded with it)
+WRAPPERS: list[tuple[type[nn.Module], Callable[..., Tensor], str, dict[str, Any]]] = [
+    (SupConLoss, supcon_loss, "features_labels", {
+        "temperature": 0.3, "variant": "in", "contrast_mode": "one", "gather": True,
+        "block_size": 2, "reduction": "none",
+    }),
+    (NTXentLoss, nt_xent_loss, "pair", {
+        "temperature": 0.3, "gather": True, "block_size": 2, "reduction": "none",
+    }),
+    (GraphCLLoss, graphcl_loss, "pair", {"temperature": 0.3, "block_size": 2, "reduction": "sum"}),
+    (NPairsLoss, npairs_loss, "pair", {
+        "temperature": 0.3, "normalize": False, "block_size": 2, "reduction": "none",
+    }),
+    (TripletLoss, triplet_loss, "triplet", {
+        "margin": 0.5, "normalize": False, "reduction": "none",
+    }),
+    (ConditionalContrastiveLoss, conditional_contrastive_loss, "pair_labels", {
+        "temperature": 0.3, "gather": True, "block_size": 2, "reduction": "none",
+    }),
+    (GeneralizedContrastiveLoss, generalized_contrastive_loss, "pair", {
+        "prior": "normal", "lam": 0.5, "temperature": 0.3, "scale": 2.0, "generator": 7,
+    }),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("module_cls", "function", "inputs", "settings"), WRAPPERS)
+def test_module_wrappers_expose_every_option_of_their_function(
+    module_cls: type[nn.Module],
+    function: Callable[..., Tensor],
+    inputs: str,
+    settings: dict[str, Any],
+) -> None:
+    options = {
+        name: param.default
+        for name, param in inspect.signature(function).parameters.items()
+        if param.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    assert set(settings) == set(options)  # this case sets every option ...
+    assert all(settings[name] != default for name, default in options.items())  # ... changed
+    module_settings = {("seed" if k == "generator" else k): v for k, v in settings.items()}
+    assert set(module_settings) <= set(inspect.signature(module_cls).parameters)
+    f = _features(2, 6, 3)
+    labels = _labels(2, 6, 2)
+    args = {
+        "features_labels": (f, labels),
+        "pair": (f[:, 0], f[:, 1]),
+        "pair_labels": (f[:, 0], f[:, 1], labels),
+        "triplet": (f[:, 0], f[:, 1], f[:, 2]),
+    }[inputs]
+    if "generator" in settings:
+        settings = {**settings, "generator": torch.Generator().manual_seed(settings["generator"])}
+    got = module_cls(**module_settings)(*args)
+    assert torch.equal(got, function(*args, **settings))
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: SupConLoss(reduction="avg"), "reduction must be one of"),
+        (lambda: SupConLoss(block_size=0), "block_size must be a positive int or None, got 0"),
+        (lambda: NTXentLoss(reduction="avg"), "reduction must be one of"),
+        (lambda: NTXentLoss(block_size=-2), "block_size must be a positive int or None, got -2"),
+        (lambda: GraphCLLoss(reduction="avg"), "reduction must be one of"),
+        (lambda: NPairsLoss(block_size=0), "block_size must be a positive int or None, got 0"),
+        (lambda: NPairsLoss(reduction="avg"), "reduction must be one of"),
+        (lambda: TripletLoss(margin=-0.1), "margin must be >= 0, got -0.1"),
+        (lambda: TripletLoss(margin=float("nan")), "margin must be >= 0, got nan"),
+        (lambda: TripletLoss(reduction="avg"), "reduction must be one of"),
+        (lambda: ConditionalContrastiveLoss(reduction="avg"), "reduction must be one of"),
+        (lambda: ConditionalContrastiveLoss(block_size=0), "block_size must be a positive int"),
+        (lambda: GeneralizedContrastiveLoss(scale=float("nan")), "scale must be a finite number"),
+        (lambda: GeneralizedContrastiveLoss(seed=1.5), "seed must be an int or None, got 1.5"),
+    ],
+)
+def test_module_wrappers_check_their_settings_at_construction(
+    factory: Callable[[], nn.Module], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        factory()

@@ -291,3 +291,28 @@ def test_extract_features_restores_mode_on_error() -> None:
     with pytest.raises(ValueError, match="labels"):
         extract_features(encoder, [torch.randn(2, 4)], "cpu")
     assert all(m.training for m in encoder.modules())
+
+
+class _DeviceRecorder(nn.Module):
+    """Records the device of every tensor it is given, in tuples and dicts too; returns (B, 3)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.device] = []
+
+    def forward(self, inputs: Any) -> Tensor:
+        leaves = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+        self.seen += [leaf.device for leaf in leaves]
+        return torch.zeros(leaves[0].shape[0], 3)
+
+
+@pytest.mark.parametrize("container", ["tuple", "dict"])
+def test_extract_features_moves_inputs_inside_containers(container: str) -> None:
+    # "meta" stands in for an accelerator: a move is visible on a CPU-only machine
+    xs = (torch.randn(2, 4), torch.randn(2, 5))
+    inputs = xs if container == "tuple" else {"x": xs[0], "edge": xs[1]}
+    encoder = _DeviceRecorder()
+    features, labels = extract_features(encoder, [(inputs, torch.tensor([0, 1]))] * 2, "meta")
+    assert encoder.seen == [torch.device("meta")] * 4
+    assert features.shape == (4, 3) and labels.tolist() == [0, 1, 0, 1]
+    assert all(x.device.type == "cpu" for x in xs)  # the caller's tensors are not moved
