@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	# torch: the pinned build this machine's pip offers from disk; any newer torch elsewhere.
 	$(PIP) install --disable-pip-version-check -q torch==2.14.1 torchvision==0.29.1 \
 	  || $(PIP) install --disable-pip-version-check -q torch torchvision
-	$(PIP) install --disable-pip-version-check -q -e '.[dev]'
+	$(PIP) install --disable-pip-version-check -q -e '.[dev,all]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -39,7 +39,7 @@ pytest-cuda: $(STAMP)
 	$(PY) -m pytest -q -p no:xdist -m cuda -rs tests
 
 bench: $(STAMP)
-	$(PIP) install --disable-pip-version-check -q -e '.[dev,bench]'
+	$(PIP) install --disable-pip-version-check -q -e '.[dev,all,bench]'
 	$(PY) benchmarks/losses.py
 
 clean:
