@@ -20,6 +20,7 @@ NaN, so N = 0 rows give a zero loss with a zero gradient, still attached to the 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Literal
 
 import torch
@@ -198,7 +199,9 @@ class GeneralizedContrastiveLoss(nn.Module):
 
     With ``seed``, one generator per device is made on the first call with inputs there
     (``torch.Generator(device=...)`` seeded with ``seed``) and kept, so successive calls draw fresh
-    numbers and two modules with the same seed draw the same ones, on CPU and GPU alike.
+    numbers and two modules with the same seed draw the same ones, on CPU and GPU alike. The
+    generators' states are the module's extra state: they go into ``state_dict()``, hence into
+    checkpoints, and a resumed run continues the same stream.
     """
 
     def __init__(
@@ -228,6 +231,22 @@ class GeneralizedContrastiveLoss(nn.Module):
             generator = torch.Generator(device=device).manual_seed(self.seed)
             self._generators[device] = generator
         return generator
+
+    def get_extra_state(self) -> dict[str, Tensor]:
+        """The state of each device's generator, keyed by device name (tensors only)."""
+        return {str(device): gen.get_state() for device, gen in self._generators.items()}
+
+    def set_extra_state(self, state: Mapping[str, Tensor]) -> None:
+        """Continue the saved streams; a device this machine lacks starts afresh when used."""
+        generators: dict[torch.device, torch.Generator] = {}
+        for name, value in state.items():
+            device = torch.device(name)
+            if device.type == "cuda" and not torch.cuda.is_available():
+                continue
+            generator = torch.Generator(device=device)
+            generator.set_state(value.to("cpu", torch.uint8))
+            generators[device] = generator
+        self._generators = generators
 
     def forward(self, h1: Tensor, h2: Tensor) -> Tensor:
         return generalized_contrastive_loss(

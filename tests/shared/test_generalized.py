@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from shared.checkpoint import load_checkpoint, save_checkpoint
 from shared.losses import (
     GeneralizedContrastiveLoss,
     alignment,
@@ -356,6 +358,24 @@ def test_seeded_module_draws_a_reproducible_stream_on_the_inputs_device(prior: s
     assert len(set(first)) == 3  # successive calls draw fresh numbers
     assert all(a != pytest.approx(b, abs=1e-9) for a, b in zip(first, losses(6), strict=True))
     assert GeneralizedContrastiveLoss(prior=prior).generator_for(h1.device) is None  # type: ignore[arg-type]
+
+
+def test_seeded_module_stream_survives_a_checkpoint(tmp_path: Path) -> None:
+    """The generators are extra state: a resumed module continues the same stream."""
+    h1, h2 = _views(3, 6, 4)
+    model = nn.Sequential(nn.Linear(4, 4), GeneralizedContrastiveLoss(seed=3))
+    loss = model[1]
+    before = [loss(h1, h2).item() for _ in range(2)]
+    save_checkpoint(tmp_path / "last.pt", {"model": model.state_dict()})
+    expected = [loss(h1, h2).item() for _ in range(2)]
+    restored = nn.Sequential(nn.Linear(4, 4), GeneralizedContrastiveLoss(seed=3))
+    restored.load_state_dict(load_checkpoint(tmp_path / "last.pt")["model"])
+    assert [restored[1](h1, h2).item() for _ in range(2)] == expected
+    assert expected != before
+    fresh = GeneralizedContrastiveLoss(seed=3)
+    assert fresh.state_dict()["_extra_state"] == {}  # nothing drawn yet: the seed's start
+    fresh.load_state_dict(fresh.state_dict())
+    assert fresh(h1, h2).item() == before[0]
 
 
 def test_generator_on_another_device_raises_naming_both() -> None:
