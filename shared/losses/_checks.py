@@ -55,8 +55,10 @@ def check_positive(value: float, name: str) -> float:
 
 def check_block_size(block_size: int | None) -> int | None:
     """``None`` (automatic) or a positive number of anchor rows per block."""
-    if block_size is not None and (isinstance(block_size, bool) or block_size < 1):
-        raise ValueError(f"block_size must be a positive int or None, got {block_size}")
+    if block_size is not None and (
+        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
+    ):
+        raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
     return block_size
 
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from shared.distributed import gather_with_offset
 from shared.losses._checks import (
+    check_block_size,
     check_features,
     check_positive,
     check_reduction,
@@ -90,7 +91,7 @@ def info_nce_loss(
     negatives = None if negative_keys is None else _check_negatives(negative_keys, N, D)
     check_positive(temperature, "temperature")
     check_reduction(reduction)
-    _check_block_size(block_size)
+    check_block_size(block_size)
     if gather and negatives is not None:
         raise ValueError(
             "gather=True applies to in-batch negatives only (negative_keys=None); explicit "
@@ -151,13 +152,6 @@ def _check_negatives(negatives: object, N: int, D: int) -> Tensor:
     return x
 
 
-def _check_block_size(block_size: int | None) -> None:
-    if block_size is not None and (
-        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
-    ):
-        raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
-
-
 class InfoNCELoss(nn.Module):
     """Module form of :func:`info_nce_loss`; checks its settings here, stores them only."""
 
@@ -172,7 +166,7 @@ class InfoNCELoss(nn.Module):
         self.temperature = check_positive(temperature, "temperature")
         if not isinstance(gather, bool):
             raise ValueError(f"gather must be a bool, got {gather!r}")
-        _check_block_size(block_size)
+        check_block_size(block_size)
         check_reduction(reduction)
         self.gather, self.block_size = gather, block_size
         self.reduction: Reduction = reduction

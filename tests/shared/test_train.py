@@ -366,7 +366,8 @@ def _linear_fit(run_dir: RunDir, batch_size: int, dist_env: DistEnv | None) -> n
     return unwrap(model)
 
 
-def _ddp_worker(rank: int, port: int, folder: str) -> None:
+def _join(rank: int, port: int) -> DistEnv:
+    """Join a 2-process gloo group the way torchrun would describe it."""
     torch.set_num_threads(1)
     os.environ.update(
         RANK=str(rank),
@@ -375,7 +376,11 @@ def _ddp_worker(rank: int, port: int, folder: str) -> None:
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    env = init_distributed(CPU)
+    return init_distributed(CPU)
+
+
+def _ddp_worker(rank: int, port: int, folder: str) -> None:
+    env = _join(rank, port)
     try:
         assert env == DistEnv(rank, rank, WORLD, True)
         model = _linear_fit(RunDir(Path(folder) / "ddp"), batch_size=2, dist_env=env)
@@ -465,15 +470,7 @@ def _ddp_noisy_fit(
 
 
 def _ddp_resume_worker(rank: int, port: int, folder: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(WORLD),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    env = init_distributed(CPU)
+    env = _join(rank, port)
     root = Path(folder)
     try:
         whole = _ddp_noisy_fit(RunDir(root / "whole"), env)
