@@ -38,18 +38,44 @@ C = TypeVar("C", bound="DataclassInstance")
 _SCALARS: tuple[type, ...] = (int, float, str, bool, Path)
 
 
-def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str | None = None) -> C:
+def parse_config(
+    cls: type[C],
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str | None = None,
+    presets: Mapping[str, Mapping[str, Any]] | None = None,
+) -> C:
     """Build ``cls`` from the command line ``argv`` (``sys.argv[1:]`` when ``None``).
 
-    Precedence: command-line flags, then the ``--config`` file, then the dataclass defaults.
-    Unknown flags exit through argparse (status 2); unknown file keys raise ``ValueError``.
+    Precedence: command-line flags, then the ``--config`` file, then the chosen preset, then the
+    dataclass defaults. ``presets`` maps a name to field values; each becomes a flag
+    (``presets={"quick": {...}}`` gives ``--quick``), at most one of which may be given.
+    Unknown flags exit through argparse (status 2); unknown file or preset keys raise
+    ``ValueError``.
     """
     hints = _field_hints(cls)
+    presets = dict(presets or {})
+    valid = {f.name for f in dataclasses.fields(cls) if f.init}
+    for preset, values in presets.items():
+        unknown = sorted(set(values) - valid)
+        if unknown or preset in valid or preset == "config":
+            raise ValueError(f"preset {preset!r} clashes with the fields or sets unknown {unknown}")
     # allow_abbrev=False: a prefix such as --temp must not silently mean --temperature.
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", type=Path, default=None)
+    for preset in presets:
+        pre.add_argument(f"--{preset}", action="store_true")
     known, _ = pre.parse_known_args(argv)
+    chosen = [preset for preset in presets if getattr(known, preset.replace("-", "_"))]
+    if len(chosen) > 1:
+        raise ValueError(f"choose one preset, got {['--' + name for name in chosen]}")
+    preset_values = {
+        key: _coerce(value, hints[key], f"preset --{preset} key {key!r}")
+        for preset in chosen
+        for key, value in presets[preset].items()
+    }
     file_values = read_config_file(cls, known.config) if known.config is not None else {}
+    file_values = {**preset_values, **file_values}
 
     doc = inspect.getdoc(cls) or ""
     if doc.startswith(f"{cls.__name__}("):
@@ -63,6 +89,9 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
     parser.add_argument(
         "--config", type=Path, default=None, help="YAML or JSON file whose keys set the defaults"
     )
+    for preset, values in presets.items():
+        shown = ", ".join(f"{key}={value}" for key, value in values.items())
+        parser.add_argument(f"--{preset}", action="store_true", help=f"preset: {shown}")
     for field in dataclasses.fields(cls):
         if not field.init:
             continue
@@ -70,6 +99,8 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
         _add_argument(parser, field, hints[field.name], default)
     namespace = vars(parser.parse_args(argv))
     namespace.pop("config")
+    for preset in presets:
+        namespace.pop(preset.replace("-", "_"))
     try:
         values = {
             name: _coerce(_none_list(value), hints[name], f"--{name}")

@@ -223,3 +223,20 @@ def test_help_lists_fields(capsys: pytest.CaptureFixture[str]) -> None:
     assert "A demo pipeline config." in out and "second paragraph" not in out
     assert "--no-augment" in out and "{sgd,adam,lars}" in out
     assert "CE smoothing (default: 0.0)" in out and "--data-dir" in out
+
+
+def test_a_preset_sets_defaults_below_file_and_flags(tmp_path: Path) -> None:
+    presets = {"quick": {"epochs": 2, "lr": 0.5}}
+    assert parse_config(Demo, [], presets=presets).epochs == Demo().epochs
+    quick = parse_config(Demo, ["--quick"], presets=presets)
+    assert (quick.epochs, quick.lr) == (2, 0.5)
+    assert parse_config(Demo, ["--quick", "--epochs", "7"], presets=presets).epochs == 7
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"epochs": 5}))
+    from_file = parse_config(Demo, ["--quick", "--config", str(path)], presets=presets)
+    assert (from_file.epochs, from_file.lr) == (5, 0.5)
+    with pytest.raises(ValueError, match="unknown"):
+        parse_config(Demo, ["--quick"], presets={"quick": {"nope": 1}})
+    two = {"quick": {"epochs": 2}, "tiny": {"epochs": 1}}
+    with pytest.raises(ValueError, match="choose one preset"):
+        parse_config(Demo, ["--quick", "--tiny"], presets=two)
