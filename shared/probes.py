@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from shared.runtime import move_to_device
 
 __all__ = [
+    "FittedProbe",
     "ProbeResult",
     "Split",
     "alignment_uniformity",
@@ -31,12 +32,35 @@ __all__ = [
 DEFAULT_WEIGHT_DECAYS: tuple[float, ...] = tuple(10.0**e for e in range(-6, 1))
 
 
+class FittedProbe(NamedTuple):
+    """The logistic regression `linear_probe` refit on all of train: standardise, then W x + b.
+
+    Apply it to other features of the same encoder (e.g. of corrupted test images) with
+    `predict`.
+    """
+
+    weight: Tensor  # (C, D)
+    bias: Tensor  # (C,)
+    mean: Tensor  # (D,) standardisation of the training features (0 without standardize)
+    std: Tensor  # (D,) (1 without standardize)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Shape: x (N, D) -> (N, C), computed in the probe's dtype on its device."""
+        x = x.to(device=self.weight.device, dtype=self.weight.dtype)
+        return ((x - self.mean) / self.std) @ self.weight.T + self.bias  # (N, C)
+
+    def predict(self, x: Tensor) -> Tensor:
+        """Shape: x (N, D) -> predicted classes (N,)."""
+        return self.logits(x).argmax(dim=1)
+
+
 class ProbeResult(NamedTuple):
     """Outcome of `linear_probe`."""
 
     accuracy: float  # test accuracy of the model refit on all of train with `weight_decay`
     val_accuracy: float  # accuracy on the held-out part of train (nan when val_fraction == 0)
     weight_decay: float  # the chosen weight decay
+    model: FittedProbe | None = None  # that refit model
 
 
 class Split(NamedTuple):
@@ -165,15 +189,18 @@ def _fit_and_score(
     num_classes: int,
     weight_decay: float,
     settings: _FitSettings,
-) -> float:
+) -> tuple[float, FittedProbe]:
     if settings.standardize:
         mean, std = _standardizer(fit_x)
-        fit_x, eval_x = (fit_x - mean) / std, (eval_x - mean) / std  # (N, D) each, new tensors
+    else:
+        mean, std = fit_x.new_zeros(fit_x.shape[1]), fit_x.new_ones(fit_x.shape[1])
     weight, bias = _fit_logistic(
-        fit_x, fit_y, num_classes, weight_decay, settings.optimizer, settings.max_iter, settings.lr
-    )
-    predictions = (eval_x @ weight.T + bias).argmax(dim=1)  # (N_eval,)
-    return int((predictions == eval_y).sum()) / eval_y.shape[0]
+        (fit_x - mean) / std, fit_y, num_classes, weight_decay, settings.optimizer,
+        settings.max_iter, settings.lr,
+    )  # fmt: skip
+    model = FittedProbe(weight, bias, mean, std)
+    predictions = model.predict(eval_x)  # (N_eval,)
+    return int((predictions == eval_y).sum()) / eval_y.shape[0], model
 
 
 @torch.no_grad()
@@ -231,14 +258,14 @@ def linear_probe(
         split = train_val_split(train_x.shape[0], val_fraction, seed=seed)
         fit, val = split.fit.to(train_x.device), split.val.to(train_x.device)
         for wd in grid:
-            score = _fit_and_score(
+            score, _ = _fit_and_score(
                 train_x[fit], train_y[fit], train_x[val], train_y[val], C, wd, settings
             )
             # Keep the first score, a better one, or a tie with a larger weight decay.
             if best_val != best_val or score > best_val or (score == best_val and wd > best_wd):
                 best_wd, best_val = wd, score
-    accuracy = _fit_and_score(train_x, train_y, test_x, test_y, C, best_wd, settings)
-    return ProbeResult(accuracy=accuracy, val_accuracy=best_val, weight_decay=best_wd)
+    accuracy, model = _fit_and_score(train_x, train_y, test_x, test_y, C, best_wd, settings)
+    return ProbeResult(accuracy, best_val, best_wd, model)
 
 
 @torch.no_grad()

@@ -57,6 +57,18 @@ def test_linear_probe_separable_blobs() -> None:
     assert result.weight_decay in {10.0**e for e in range(-6, 1)}
 
 
+@pytest.mark.parametrize("standardize", [True, False])
+def test_the_fitted_probe_reproduces_its_test_accuracy(standardize: bool) -> None:
+    """The refit model comes back, to classify other features (e.g. of corrupted images)."""
+    train_x, train_y, test_x, test_y = _train_test(spread=1.0)
+    result = linear_probe(train_x, train_y, test_x, test_y, standardize=standardize)
+    assert result.model is not None
+    assert result.model.logits(test_x).shape == (test_x.shape[0], 3)
+    accuracy = (result.model.predict(test_x) == test_y).double().mean().item()
+    assert accuracy == pytest.approx(result.accuracy)
+    assert 0.4 < result.accuracy < 1.0  # overlapping blobs: a real check, not a trivial one
+
+
 def test_linear_probe_random_labels_is_near_chance() -> None:
     train_x, _, test_x, _ = _train_test(spread=8.0)
     generator = torch.Generator().manual_seed(1)
@@ -84,7 +96,10 @@ def test_linear_probe_is_deterministic_and_leaves_inputs_alone() -> None:
     copies = [t.clone() for t in tensors]
     first = linear_probe(*tensors, weight_decay=(1e-4, 1e-1), seed=7)
     second = linear_probe(*tensors, weight_decay=(1e-4, 1e-1), seed=7)
-    assert first == second
+    assert first[:3] == second[:3]
+    assert first.model is not None and second.model is not None
+    for a, b in zip(first.model, second.model, strict=True):
+        assert torch.equal(a, b)
     for t, c in zip(tensors, copies, strict=True):
         assert torch.equal(t, c)
 
