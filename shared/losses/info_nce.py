@@ -46,6 +46,7 @@ def info_nce_loss(
     gather: bool = False,
     block_size: int | None = None,
     reduction: Reduction = "mean",
+    in_batch: bool = False,
 ) -> Tensor:
     """InfoNCE of each query against its positive key and a set of negatives (one direction).
 
@@ -60,6 +61,9 @@ def info_nce_loss(
       negatives. K = 0 (an empty queue) gives ℓ_i = 0.
     * ``(N, K, D)``: negatives per query. ``block_size`` does not apply: the ``(N, K, D)``
       input already outweighs its ``(N, K)`` logits.
+    * ``in_batch=True`` with shared ``(K, D)`` negatives: both, the other samples' positive
+      keys and the K extra negatives (a SimCLR-style batch topped up with a queue of past keys
+      for small batches); ``gather`` then applies to the in-batch keys.
 
     ``gather=True`` (in-batch only) contrasts every query with every rank's positive keys,
     through a gradient-correct all-gather; as for :func:`supcon_loss`, the loss is this rank's
@@ -77,6 +81,7 @@ def info_nce_loss(
         negative_keys: ``None``, shared ``(K, D)`` or per-query ``(N, K, D)`` negatives.
         temperature: τ > 0.
         gather: in-batch negatives from every rank (see above).
+        in_batch: with shared ``negative_keys``, keep the in-batch negatives too.
         block_size: see :func:`shared.losses.core.masked_logsumexp`.
         reduction: ``"mean"`` over queries, ``"sum"`` or ``"none"``.
 
@@ -92,10 +97,14 @@ def info_nce_loss(
     check_positive(temperature, "temperature")
     check_reduction(reduction)
     check_block_size(block_size)
-    if gather and negatives is not None:
+    if in_batch and negatives is not None and negatives.ndim == 3:
+        raise ValueError("in_batch=True combines with shared (K, D) negative_keys, not per-query")
+    in_batch = in_batch or negatives is None
+    if gather and not in_batch:
         raise ValueError(
-            "gather=True applies to in-batch negatives only (negative_keys=None); explicit "
-            "negative_keys are used as given (a MemoryQueue already holds every rank's keys)"
+            "gather=True applies to in-batch negatives only (negative_keys=None or "
+            "in_batch=True); explicit negative_keys are used as given (a MemoryQueue already "
+            "holds every rank's keys)"
         )
     inputs = (query, positive_key) if negatives is None else (query, positive_key, negatives)
     dtype = torch.float64 if any(x.dtype == torch.float64 for x in inputs) else torch.float32
@@ -103,14 +112,18 @@ def info_nce_loss(
         q = F.normalize(query.to(dtype), dim=1)  # (N, D)
         k = F.normalize(positive_key.to(dtype), dim=1)  # (N, D)
         positive = (q * k).sum(1) / temperature  # (N,) the logit of each query's positive
-        if negatives is None:
+        if in_batch:
             k_all = gather_with_offset(k).tensor if gather else k  # (Ng, D), rank order
+            if negatives is not None:  # the extra negatives join the in-batch keys
+                extra = F.normalize(negatives.to(dtype), dim=-1)  # (K, D)
+                k_all = torch.cat([k_all, extra])  # (Ng + K, D)
             if N == 0:  # keep the gather (and its backward all-reduce) in the graph
                 per_query = positive + 0.0 * k_all.sum()  # (0,)
             else:  # all keys, own column included: lse − positive is the cross-entropy
                 lse = masked_logsumexp(q, k_all, temperature=temperature, block_size=block_size)
                 per_query = lse.all - positive  # (N,)
         else:
+            assert negatives is not None  # in_batch is True without explicit negatives
             n = F.normalize(negatives.to(dtype), dim=-1)  # (K, D) or (N, K, D)
             per_query = _explicit_negatives(q, n, positive, temperature, block_size)
         return reduce(per_query, reduction)
@@ -161,6 +174,7 @@ class InfoNCELoss(nn.Module):
         gather: bool = False,
         block_size: int | None = None,
         reduction: Reduction = "mean",
+        in_batch: bool = False,
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
@@ -170,17 +184,18 @@ class InfoNCELoss(nn.Module):
         check_reduction(reduction)
         self.gather, self.block_size = gather, block_size
         self.reduction: Reduction = reduction
+        self.in_batch = in_batch
 
     def forward(
         self, query: Tensor, positive_key: Tensor, negative_keys: Tensor | None = None
     ) -> Tensor:
         return info_nce_loss(
             query, positive_key, negative_keys, temperature=self.temperature, gather=self.gather,
-            block_size=self.block_size, reduction=self.reduction,
+            block_size=self.block_size, reduction=self.reduction, in_batch=self.in_batch,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
             f"temperature={self.temperature}, gather={self.gather}, "
-            f"block_size={self.block_size}, reduction={self.reduction!r}"
+            f"block_size={self.block_size}, reduction={self.reduction!r}, in_batch={self.in_batch}"
         )

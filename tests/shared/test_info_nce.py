@@ -157,6 +157,19 @@ def test_shared_negatives_equal_per_query_copies(seed: int) -> None:
     assert torch.allclose(shared, copies, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_in_batch_plus_a_queue_equals_per_query_negatives_of_both(seed: int) -> None:
+    """in_batch=True: the other samples' keys and the shared negatives, for every query."""
+    q, k, queue = _inputs(seed, "shared", 5, K=6)
+    both = info_nce_loss(q, k, queue, in_batch=True, reduction="none")
+    others = torch.stack([torch.cat([k[:i], k[i + 1 :], queue]) for i in range(5)])  # (N, 10, D)
+    assert torch.allclose(both, info_nce_loss(q, k, others, reduction="none"), atol=1e-12)
+    empty = queue[:0]  # an empty queue: plain in-batch InfoNCE
+    assert torch.allclose(info_nce_loss(q, k, empty, in_batch=True), info_nce_loss(q, k))
+    with pytest.raises(ValueError, match="not per-query"):
+        info_nce_loss(q, k, others, in_batch=True)
+
+
 @pytest.mark.parametrize("N", [1, 2, 5])
 def test_identical_embeddings_give_log_of_the_number_of_contrasts(N: int) -> None:
     z = torch.ones(N, 3)
