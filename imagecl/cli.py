@@ -1,15 +1,43 @@
-"""The ``imagecl`` console script: ``imagecl <pipeline> [options]``."""
+"""The ``imagecl`` console script: ``imagecl <command> [options]``.
+
+``train`` (SimCLR, SupCon or cross-entropy), ``eval`` (linear probe, kNN, corruptions of a
+trained encoder) and ``finetune`` (SimCLR's semi-supervised protocol against scratch).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from shared.cli import PipelineMain, dispatch
 
-# name -> (one-line help, main(argv)); each pipeline adds itself here when it lands
-PIPELINES: dict[str, tuple[str, PipelineMain]] = {}
+
+def _train(argv: list[str]) -> Any:
+    from imagecl.train import main  # lazy: `imagecl --help` stays fast
+
+    return main(argv)
+
+
+def _eval(argv: list[str]) -> Any:
+    from imagecl.evaluate import main
+
+    return main(argv)
+
+
+def _finetune(argv: list[str]) -> Any:
+    from imagecl.finetune import main
+
+    return main(argv)
+
+
+# name -> (one-line help, main(argv))
+PIPELINES: dict[str, tuple[str, PipelineMain]] = {
+    "train": ("train an encoder: --method simclr|supcon|ce", _train),
+    "eval": ("evaluate a trained encoder: probe, kNN, corruptions", _eval),
+    "finetune": ("fine-tune on a fraction of the labels, against scratch", _finetune),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``imagecl`` command."""
-    return dispatch("imagecl", (__doc__ or "").strip(), PIPELINES, argv)
+    return dispatch("imagecl", (__doc__ or "").strip().split("\n")[0], PIPELINES, argv)

@@ -1,0 +1,321 @@
+"""Evaluation of an image encoder: linear probe, kNN, alignment/uniformity, corruptions.
+
+The protocol of SimCLR/SupCon linear evaluation: features h of the frozen encoder on
+un-augmented images, an L2-regularised logistic regression fit on the training split (weight
+decay chosen on a held-out part of it, never on test) and scored once on the test split — the
+final number, never the best test epoch. kNN: the weighted cosine vote of InstDisc at k = 20
+and 200. Robustness: the fitted probe classifies corrupted test images (the CIFAR-10-C protocol,
+:mod:`imagecl.corruptions`), accuracy per corruption and severity and the mean over all.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from imagecl.augment import SimCLRViews, to_float
+from imagecl.corruptions import CORRUPTIONS, corrupt
+from imagecl.data import ImageData, images_and_labels
+from shared.config import parse_config, save_config
+from shared.plots import plot_tsne
+from shared.probes import FittedProbe, alignment_uniformity, knn_probe, linear_probe
+from shared.runs import write_report, write_summary
+from shared.runtime import select_device
+
+__all__ = [
+    "CollapseError",
+    "EvalConfig",
+    "check_not_collapsed",
+    "corruption_accuracy",
+    "encode",
+    "evaluate_encoder",
+    "main",
+    "probe_with_labels_per_class",
+]
+
+# Below this mean per-dimension std of the L2-normalised features, every image maps to nearly
+# the same point: the representation has collapsed (REFERENCES: lr 0.5 without warm-up does it
+# to SupCon and SimCLR within a few steps).
+COLLAPSE_STD = 1e-4
+
+
+class CollapseError(RuntimeError):
+    """The encoder maps every image to (nearly) the same feature vector."""
+
+
+@torch.no_grad()
+def encode(
+    encoder: nn.Module,
+    images: Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+    *,
+    device: torch.device,
+    batch_size: int = 512,
+) -> Tensor:
+    """Features of un-augmented images in eval mode, batch by batch, returned on the CPU.
+
+    The encoder's train/eval mode is restored afterwards.
+
+    Shape:
+        images: ``(N, C, H, W)`` uint8; result: ``(N, D)`` float32.
+    """
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        parts = [
+            encoder(to_float(chunk.to(device), mean, std)).float().cpu()  # (B, D)
+            for chunk in torch.split(images, batch_size)
+        ]
+    finally:
+        encoder.train(was_training)
+    if not parts:
+        raise ValueError("no images to encode")
+    return torch.cat(parts)  # (N, D)
+
+
+def check_not_collapsed(features: Tensor, where: str) -> float:
+    """Return the mean per-dimension std of the normalised features; raise if it is ~0."""
+    spread = float(F.normalize(features.float(), dim=1).std(dim=0).mean())
+    if not spread > COLLAPSE_STD:
+        raise CollapseError(
+            f"{where}: the representation has collapsed (feature std {spread:.2e}): every image "
+            "maps to the same point. Lower the learning rate or use a longer warm-up"
+        )
+    return spread
+
+
+def corruption_accuracy(
+    encoder: nn.Module,
+    probe: FittedProbe,
+    data: ImageData,
+    *,
+    device: torch.device,
+    corruptions: Sequence[str] = CORRUPTIONS,
+    severities: Sequence[int] = (1, 2, 3, 4, 5),
+    seed: int = 0,
+) -> dict[str, dict[int, float]]:
+    """Accuracy of ``probe`` on the corrupted test split, per corruption and severity.
+
+    Corruptions draw from a generator seeded with ``seed`` (the same noise for every encoder).
+    """
+    images, labels = images_and_labels(data.test)
+    result: dict[str, dict[int, float]] = {}
+    for name in corruptions:
+        result[name] = {}
+        for severity in severities:
+            generator = torch.Generator().manual_seed(seed)
+            corrupted = corrupt(images, name, severity, generator=generator)
+            h = encode(encoder, corrupted, data.mean, data.std, device=device)
+            correct = probe.predict(h).cpu() == labels
+            result[name][severity] = float(correct.double().mean())
+    return result
+
+
+def probe_with_labels_per_class(
+    train_h: Tensor,
+    train_y: Tensor,
+    test_h: Tensor,
+    test_y: Tensor,
+    per_class: int,
+    *,
+    seed: int,
+) -> float:
+    """Linear-probe accuracy with only ``per_class`` labelled training images of each class.
+
+    The subset is class-balanced and seeded; with fewer than 2 per class the weight decay is
+    fixed (1e-3) instead of chosen on a held-out part.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    chosen = []
+    for label in torch.unique(train_y):
+        members = (train_y == label).nonzero().squeeze(1)
+        order = torch.randperm(members.numel(), generator=generator)
+        chosen.append(members[order[:per_class]])
+    keep = torch.cat(chosen)
+    if per_class < 5:  # too few to hold any out per class
+        result = linear_probe(
+            train_h[keep], train_y[keep], test_h, test_y, weight_decay=1e-3, val_fraction=0.0
+        )
+    else:
+        result = linear_probe(train_h[keep], train_y[keep], test_h, test_y, seed=seed)
+    return result.accuracy
+
+
+def evaluate_encoder(
+    encoder: nn.Module,
+    data: ImageData,
+    *,
+    device: torch.device,
+    seed: int = 0,
+    knn_k: Sequence[int] = (20, 200),
+    labels_per_class: Sequence[int] = (),
+    corruptions: Sequence[str] = (),
+    severities: Sequence[int] = (1, 2, 3, 4, 5),
+    views: SimCLRViews | None = None,
+) -> dict[str, Any]:
+    """Every number of ``imagecl eval`` for a frozen encoder; accuracies are fractions.
+
+    Keys: ``linear_probe_accuracy``, ``knn{k}_accuracy``, ``feature_std``, with ``views``
+    also ``alignment``/``uniformity`` (two augmented views of each test image),
+    ``probe_{n}_per_class_accuracy``, and with ``corruptions`` a nested ``corruptions`` table
+    plus ``corruption_mean_accuracy``.
+    """
+    if data.num_classes < 2 or len(data.test) == 0:
+        raise ValueError(f"data set {data.name!r} has no labelled test split to evaluate on")
+    train_x, train_y = images_and_labels(data.train)
+    test_x, test_y = images_and_labels(data.test)
+    train_h = encode(encoder, train_x, data.mean, data.std, device=device)
+    test_h = encode(encoder, test_x, data.mean, data.std, device=device)
+    out: dict[str, Any] = {"feature_std": check_not_collapsed(test_h, "evaluation")}
+    probe = linear_probe(train_h, train_y, test_h, test_y, seed=seed)
+    out["linear_probe_accuracy"] = probe.accuracy
+    for k in knn_k:
+        k_used = min(k, train_h.shape[0])
+        out[f"knn{k}_accuracy"] = knn_probe(train_h, train_y, test_h, test_y, k=k_used)
+    for per_class in labels_per_class:
+        out[f"probe_{per_class}_per_class_accuracy"] = probe_with_labels_per_class(
+            train_h, train_y, test_h, test_y, per_class, seed=seed
+        )
+    if views is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            pair = views(test_x.to(device), generator=generator)  # (N, 2, C, S, S)
+        z1 = encode_float(encoder, pair[:, 0])
+        z2 = encode_float(encoder, pair[:, 1])
+        out.update(alignment_uniformity(z1, z2))
+    if corruptions:
+        assert probe.model is not None
+        table = corruption_accuracy(
+            encoder, probe.model, data, device=device, corruptions=corruptions,
+            severities=severities, seed=seed,
+        )  # fmt: skip
+        out["corruptions"] = table
+        values = [acc for per in table.values() for acc in per.values()]
+        out["corruption_mean_accuracy"] = sum(values) / len(values) if values else math.nan
+    return out
+
+
+@torch.no_grad()
+def encode_float(encoder: nn.Module, x: Tensor, batch_size: int = 512) -> Tensor:
+    """Features of already normalised float images, eval mode, on the CPU.
+
+    Shape:
+        x: ``(N, C, H, W)`` float; result: ``(N, D)``.
+    """
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        return torch.cat([encoder(chunk).float().cpu() for chunk in torch.split(x, batch_size)])
+    finally:
+        encoder.train(was_training)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluate a trained encoder: linear probe, kNN, alignment/uniformity, corruptions."""
+
+    checkpoint: Path
+    data_root: Path | None = None  # where the data set lies now, if not where it was trained
+    out: Path | None = None  # default: <run>/eval-<time>
+    corruptions: bool = True
+    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
+    labels_per_class: tuple[int, ...] = (1, 5, 10)  # the low-label regime of the probe
+    knn_k: tuple[int, ...] = (20, 200)
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def __post_init__(self) -> None:
+        if any(not 1 <= s <= 5 for s in self.severities):
+            raise ValueError(f"severities must lie in 1..5, got {self.severities}")
+        if any(n < 1 for n in (*self.labels_per_class, *self.knn_k)):
+            raise ValueError("labels_per_class and knn_k must be >= 1")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``imagecl eval --checkpoint RUN/checkpoints/last.pt``: every number, plots, a report."""
+    from imagecl.report import open_run, save_views_grid  # imagecl.train imports this module
+    from imagecl.train import load_trained
+
+    cfg = parse_config(EvalConfig, argv, prog="imagecl eval")
+    device = select_device(cfg.device)
+    trained_cfg, data, model = load_trained(cfg.checkpoint, data_root=cfg.data_root, device=device)
+    out = (
+        cfg.out or cfg.checkpoint.resolve().parent.parent / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    run = open_run(out, "eval")
+    save_config(cfg, run.path)
+    views = SimCLRViews(
+        data.image_size, data.mean, data.std, "simclr_cifar" if data.channels > 1 else "small_gray"
+    )
+    numbers = evaluate_encoder(
+        model.backbone, data, device=device, seed=cfg.seed, knn_k=cfg.knn_k,
+        labels_per_class=cfg.labels_per_class, views=views,
+        corruptions=CORRUPTIONS if cfg.corruptions else (), severities=cfg.severities,
+    )  # fmt: skip
+    table = numbers.pop("corruptions", None)
+    summary = {"method": trained_cfg.method, "data": trained_cfg.data, **numbers}
+    test_x, test_y = images_and_labels(data.test)
+    test_h = encode(model.backbone, test_x, data.mean, data.std, device=device)
+    plot_tsne(test_h, test_y, run.plots / "tsne_h.png", seed=cfg.seed, num_threads=1)
+    save_views_grid(views, data, run.plots / "views.png", seed=cfg.seed, device=device)
+    sections = {"Protocol": PROTOCOL}
+    if table is not None:
+        plot_severity(
+            table, run.plots / "corruption_accuracy.png", clean=numbers["linear_probe_accuracy"]
+        )
+        sections["Corruptions"] = corruption_table(table)
+        summary["corruption_accuracy"] = {
+            name: [round(per[s], 4) for s in sorted(per)] for name, per in table.items()
+        }
+    write_summary(run.summary_path, summary)
+    write_report(run, f"imagecl eval: {cfg.checkpoint}", sections, summary=summary)
+    return summary
+
+
+PROTOCOL = (
+    "Linear probe: L2-regularised logistic regression on frozen h of un-augmented training "
+    "images (weight decay chosen on a held-out 10 % of train), scored once on the test split. "
+    "kNN: cosine, weighted (InstDisc). Low-label probes: n labelled images per class, "
+    "class-balanced and seeded. Corruptions: the fitted probe on corrupted test images, "
+    "severities 1-5 with the CIFAR-10-C parameters."
+)
+
+
+def corruption_table(table: dict[str, dict[int, float]]) -> str:
+    """Markdown: one row per corruption, one column per severity, and the row mean."""
+    severities = sorted({s for per in table.values() for s in per})
+    head = "| corruption | " + " | ".join(f"s{s}" for s in severities) + " | mean |"
+    lines = [head, "|---" * (len(severities) + 2) + "|"]
+    for name, per in table.items():
+        cells = [f"{100 * per[s]:.1f}" for s in severities]
+        mean = 100 * sum(per.values()) / len(per)
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean:.1f} |")
+    return "\n".join(lines)
+
+
+def plot_severity(table: dict[str, dict[int, float]], path: Path, *, clean: float) -> Path:
+    """Accuracy against severity, one line per corruption, the clean accuracy dashed."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0, 3.6))
+    ax = fig.subplots()
+    for name, per in table.items():
+        severities = sorted(per)
+        ax.plot(severities, [100 * per[s] for s in severities], marker="o", label=name)
+    ax.axhline(100 * clean, linestyle="--", color="gray", label="clean")
+    ax.set_xlabel("severity")
+    ax.set_ylabel("probe accuracy (%)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path

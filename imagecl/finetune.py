@@ -1,0 +1,133 @@
+"""``imagecl finetune``: SimCLR's semi-supervised protocol, against training from scratch.
+
+Chen et al. 2020 (Sec. 6, Table 7) fine-tune the whole pre-trained encoder with a linear
+classifier on 1 % or 10 % of the labels (class-balanced). Here both networks — the pre-trained
+encoder of a run and the same architecture at random initialisation — are trained with the same
+labelled subset, augmentation (one view), optimizer, schedule and seed, and scored on the full
+test split at the end of training (never a best epoch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from imagecl.augment import to_float
+from imagecl.data import ImageData, TensorImageDataset, images_and_labels
+from imagecl.report import open_run, plot_training_curves
+from imagecl.train import Config, build, load_trained, train_step
+from shared.config import parse_config, save_config
+from shared.runs import RunDir, write_report, write_summary
+from shared.runtime import select_device, unwrap
+from shared.train import LoopConfig, fit
+
+__all__ = ["FinetuneConfig", "label_subset", "main"]
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tune a pre-trained encoder on a fraction of the labels, against scratch."""
+
+    checkpoint: Path
+    label_fraction: float = 0.1  # SimCLR: 0.01 and 0.1 of the labels
+    epochs: int = 30
+    batch_size: int = 256
+    optimizer: Literal["sgd", "adam", "lars"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 1e-5
+    warmup_epochs: float = 0.0
+    compare_scratch: bool = True
+    data_root: Path | None = None
+    out: Path | None = None
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.label_fraction <= 1:
+            raise ValueError(f"label_fraction must be in (0, 1], got {self.label_fraction}")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError("epochs and batch_size must be >= 1")
+
+
+QUICK: dict[str, Any] = {"epochs": 15, "batch_size": 128}
+
+
+def label_subset(labels: torch.Tensor, fraction: float, *, seed: int) -> torch.Tensor:
+    """Indices of a class-balanced, seeded subset: ``round(fraction · n_c)`` (≥ 1) per class.
+
+    Shape:
+        labels: ``(N,)``; result: ``(M,)`` sorted indices.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    chosen = []
+    for label in torch.unique(labels):
+        members = (labels == label).nonzero().squeeze(1)  # (n_c,)
+        take = max(1, round(fraction * members.numel()))
+        chosen.append(members[torch.randperm(members.numel(), generator=generator)[:take]])
+    return torch.cat(chosen).sort().values
+
+
+@torch.no_grad()
+def test_accuracy(model: torch.nn.Module, data: ImageData, device: torch.device) -> float:
+    """Accuracy of the classifier on the whole test split, eval mode."""
+    images, labels = images_and_labels(data.test)
+    model.eval()
+    correct = 0
+    for chunk, y in zip(torch.split(images, 512), torch.split(labels, 512), strict=True):
+        logits = model(to_float(chunk.to(device), data.mean, data.std)).logits
+        correct += int((logits.argmax(1).cpu() == y).sum())
+    return correct / labels.numel()
+
+
+def _train_one(
+    run: RunDir, train_cfg: Config, data: ImageData, device: torch.device, backbone: Any | None
+) -> float:
+    """Cross-entropy training of backbone + linear classifier; the test accuracy at the end."""
+    built = build(train_cfg, device=device, data=data)
+    model = unwrap(built.model)
+    if backbone is not None:
+        model.backbone.load_state_dict(backbone.state_dict())  # type: ignore[union-attr]
+    step = functools.partial(train_step, cfg=train_cfg, views=built.views, gather=False)
+    loop_cfg = LoopConfig(epochs=train_cfg.epochs, log_every=5, progress=False)
+    fit(
+        built.model, built.optimizer, built.loader, step, loop_cfg=loop_cfg, run_dir=run,
+        device=device, scheduler=built.scheduler, config=train_cfg,
+    )  # fmt: skip
+    plot_training_curves(run)
+    return test_accuracy(model, data, device)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``imagecl finetune --checkpoint RUN/checkpoints/last.pt --label-fraction 0.1``."""
+    cfg = parse_config(FinetuneConfig, argv, prog="imagecl finetune", presets={"quick": QUICK})
+    device = select_device(cfg.device)
+    trained, data, pretrained = load_trained(cfg.checkpoint, data_root=cfg.data_root, device=device)
+    run = open_run(cfg.out, f"finetune-{cfg.label_fraction:g}")
+    save_config(cfg, run.path)
+    images, labels = images_and_labels(data.train)
+    keep = label_subset(labels, cfg.label_fraction, seed=cfg.seed)
+    subset = data._replace(train=TensorImageDataset(images[keep], labels[keep]))
+    train_cfg = dataclasses.replace(
+        trained, method="ce", epochs=cfg.epochs, batch_size=min(cfg.batch_size, keep.numel()),
+        optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+        warmup_epochs=cfg.warmup_epochs, online_probe=False, queue_size=0,
+        joint_classifier=False, seed=cfg.seed, max_steps=None, resume=False, out=None,
+    )  # fmt: skip
+    summary: dict[str, Any] = {"label_fraction": cfg.label_fraction, "labels": keep.numel()}
+    runs: dict[str, torch.nn.Module | None] = {"finetuned": pretrained.backbone}
+    if cfg.compare_scratch:
+        runs["scratch"] = None
+    for name, backbone in runs.items():
+        sub = RunDir.create(run.path.name, name, root=run.path.parent)
+        summary[f"{name}_accuracy"] = _train_one(sub, train_cfg, subset, device, backbone)
+    write_summary(run.summary_path, summary)
+    write_report(
+        run, f"imagecl finetune: {cfg.label_fraction:g} of the labels",
+        {"Protocol": (__doc__ or "").split("\n\n", 1)[1]}, summary=summary,
+    )  # fmt: skip
+    return summary

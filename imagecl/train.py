@@ -1,0 +1,447 @@
+"""``imagecl train``: SimCLR, SupCon and cross-entropy image training on one code path.
+
+The same data, on-device augmentation, backbone and loop serve the three methods; they differ
+only in the loss of :func:`train_step`:
+
+* ``simclr`` (Chen et al. 2020): two views, NT-Xent on z = g(h) (τ = 0.5, the CIFAR setting),
+  every rank's samples as negatives under DDP; ``--queue-size K`` adds the last K keys as
+  extra negatives (MoCo's queue, for small batches).
+* ``supcon`` (Khosla et al. 2020): ``views`` views, ``L_out`` (or ``L_in``) with the labels
+  (τ = 0.1); the two-stage protocol is this pre-training followed by ``imagecl eval``'s linear
+  classifier on frozen h, the joint variant (``--joint-classifier``) trains a classifier on
+  stop-gradient h alongside.
+* ``ce``: the same backbone and augmentation (one view) with a linear classifier, end to end.
+
+An online linear probe on detached h (its own parameter group, no weight decay) reports
+``probe_acc`` as training goes. LARS (or SGD/Adam) with linear learning-rate scaling
+(lr × batch / 256) and SimCLR's warm-up + cosine schedule; ``shared.train.fit`` does the rest
+(precision, DDP, checkpoints, exact resume, metrics.csv).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from imagecl.augment import PRESETS, SimCLRViews
+from imagecl.backbones import build_backbone, to_channels_last
+from imagecl.data import DATASETS, ImageData, collate_uint8, images_and_labels, load_data
+from imagecl.evaluate import check_not_collapsed, encode, evaluate_encoder
+from imagecl.models import HEADS, ImageModel, build_head
+from imagecl.report import open_run, plot_training_curves, save_views_grid
+from shared.checkpoint import export_encoder, load_checkpoint
+from shared.config import load_config, parse_config, save_config
+from shared.losses import MemoryQueue, info_nce_loss, nt_xent_loss, supcon_loss
+from shared.optim import LARS, lars_param_groups, warmup_cosine_schedule
+from shared.plots import plot_tsne
+from shared.probes import knn_probe
+from shared.runs import RunDir, write_report, write_summary
+from shared.runtime import (
+    SINGLE_PROCESS,
+    DistEnv,
+    cleanup_distributed,
+    init_distributed,
+    local_device,
+    make_loader,
+    seed_everything,
+    select_device,
+    unwrap,
+    wrap_ddp,
+)
+from shared.train import LoopConfig, fit
+
+__all__ = ["QUICK", "Built", "Config", "build", "main", "train_step"]
+
+Method = Literal["simclr", "supcon", "ce"]
+DataName = Literal["digits", "digits-m", "cifar10", "cifar100", "stl10", "imagefolder", "unlabeled"]
+Backbone = Literal["resnet18", "resnet50", "small_cnn"]
+Head = Literal["mlp", "mlp3", "linear", "none"]
+
+# SimCLR's CIFAR-10 τ (Chen et al. 2020, App. B.9) and SupCon's (Khosla et al. 2020, Sec. 4)
+DEFAULT_TEMPERATURE = {"simclr": 0.5, "supcon": 0.1}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Train an image encoder with SimCLR, SupCon or cross-entropy."""
+
+    method: Method = "simclr"
+    data: DataName = "digits-m"
+    data_root: Path | None = None
+    download: bool = False
+    image_size: int | None = None  # image folders only: resize to this size (default 32)
+    backbone: Backbone = "resnet18"
+    cifar_stem: bool = True  # 3×3 stride-1 stem, no max-pool (SimCLR/SupCon on 32 px)
+    width: int = 32  # small_cnn only
+    head: Head = "mlp"  # SimCLR v1's 2-layer MLP; mlp3 = v2's; none = contrast h itself
+    head_dim: int = 128
+    augment: str = (
+        "auto"  # a preset of imagecl.augment; auto: simclr_cifar, small_gray for 1 channel
+    )
+    views: int = 2  # SupCon only: views per image (SimCLR uses 2, cross-entropy 1)
+    batch_size: int = 512  # per process
+    epochs: int = 100
+    max_steps: int | None = None
+    optimizer: Literal["lars", "sgd", "adam"] = "lars"
+    lr: float = 0.3  # per 256 images (scaled by the global batch / 256; Adam: used as is)
+    weight_decay: float = 1e-6  # SimCLR with LARS
+    momentum: float = 0.9
+    warmup_epochs: float = 10.0  # SimCLR: 10 epochs of linear warm-up, then cosine
+    temperature: float | None = None  # None: 0.5 for simclr, 0.1 for supcon
+    variant: Literal["out", "in"] = "out"  # SupCon's L_out (the better one) or L_in
+    joint_classifier: bool = False  # SupCon: a classifier on stop-gradient h alongside
+    queue_size: int = 0  # SimCLR: K past keys as extra negatives (0: none)
+    online_probe: bool = True
+    probe_lr: float = 0.1  # the online probe's own lr (SGD-style; no weight decay)
+    compile: bool = False  # torch.compile the backbone
+    amp: Literal["auto", "bf16", "off"] = "auto"
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_workers: int = 0
+    log_every: int = 10
+    eval_every: int | None = None  # kNN monitor on the test split (None: at the end only)
+    checkpoint_every: int | None = None
+    out: Path | None = None
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "epochs", "width", "head_dim", "views"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "probe_lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("weight_decay", "warmup_epochs", "queue_size", "num_workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.augment != "auto" and self.augment not in PRESETS:
+            raise ValueError(f"augment must be 'auto' or one of {sorted(PRESETS)}")
+        if self.head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+        if self.queue_size and self.method != "simclr":
+            raise ValueError("queue_size applies to method simclr only")
+        if self.joint_classifier and self.method != "supcon":
+            raise ValueError("joint_classifier applies to method supcon only")
+        if self.method == "simclr" and self.views != 2:
+            raise ValueError("simclr contrasts exactly 2 views (NT-Xent); use supcon for more")
+        if self.data not in DATASETS:
+            raise ValueError(f"data must be one of {DATASETS}, got {self.data!r}")
+
+    @property
+    def tau(self) -> float:
+        """The temperature in use (the method's default unless set)."""
+        if self.temperature is not None:
+            return self.temperature
+        return DEFAULT_TEMPERATURE.get(self.method, 1.0)
+
+    @property
+    def num_views(self) -> int:
+        return 1 if self.method == "ce" else self.views
+
+
+# About a minute on 2 CPU cores: a small CNN on digits-m.
+QUICK: dict[str, Any] = {
+    "data": "digits-m",
+    "backbone": "small_cnn",
+    "width": 32,
+    "batch_size": 256,
+    "epochs": 25,
+    "optimizer": "adam",
+    "lr": 2e-3,
+    "weight_decay": 1e-5,
+    "warmup_epochs": 2.0,
+    "log_every": 5,
+}
+
+
+class Built(NamedTuple):
+    """Everything :func:`build` makes for one run."""
+
+    model: nn.Module  # DDP-wrapped when distributed
+    views: SimCLRViews
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: torch.utils.data.DataLoader[Any]
+    data: ImageData
+
+
+def _preset(cfg: Config, channels: int) -> str:
+    if cfg.augment != "auto":
+        return cfg.augment
+    return "small_gray" if channels == 1 else "simclr_cifar"
+
+
+def build_model(cfg: Config, data: ImageData) -> ImageModel:
+    """The model of ``cfg`` for ``data``'s channels and classes (identical on every rank when
+    seeded the same way before the call)."""
+    backbone = build_backbone(
+        cfg.backbone, in_channels=data.channels, cifar_stem=cfg.cifar_stem, width=cfg.width
+    )
+    labelled = data.num_classes >= 2
+    if cfg.method != "simclr" and not labelled:
+        raise ValueError(f"method {cfg.method} needs labels; data set {data.name!r} has none")
+    head = None if cfg.method == "ce" else build_head(cfg.head, backbone.feature_dim, cfg.head_dim)
+    classifier: Literal["none", "end_to_end", "detached"] = "none"
+    if cfg.method == "ce":
+        classifier = "end_to_end"
+    elif cfg.joint_classifier:
+        classifier = "detached"
+    queue = None
+    if cfg.queue_size:
+        dim = backbone.feature_dim if cfg.head == "none" else cfg.head_dim
+        queue = MemoryQueue(cfg.queue_size, dim)
+    return ImageModel(
+        backbone, head=head, num_classes=data.num_classes, classifier=classifier,
+        online_probe=cfg.online_probe and labelled, queue=queue,
+    )  # fmt: skip
+
+
+def _optimizer(cfg: Config, model: ImageModel, world_size: int) -> torch.optim.Optimizer:
+    """LARS/SGD/Adam over the trained parts; the online probe in its own group."""
+    probe = set() if model.probe is None else {id(p) for p in model.probe.parameters()}
+    main = nn.ModuleDict({k: v for k, v in model.named_children() if k != "probe"})
+    lr = cfg.lr * cfg.batch_size * world_size / 256 if cfg.optimizer != "adam" else cfg.lr
+    groups = lars_param_groups(main, cfg.weight_decay)
+    for group in groups:
+        group["params"] = [p for p in group["params"] if id(p) not in probe]
+    if model.probe is not None:
+        groups.append(
+            {"params": list(model.probe.parameters()), "weight_decay": 0.0, "lars_adapt": False}
+        )
+        groups[-1]["lr"] = cfg.probe_lr if cfg.optimizer != "adam" else cfg.probe_lr / 10
+    if cfg.optimizer == "lars":
+        return LARS(groups, lr=lr, momentum=cfg.momentum)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def build(
+    cfg: Config,
+    *,
+    device: torch.device,
+    env: DistEnv = SINGLE_PROCESS,
+    data: ImageData | None = None,
+) -> Built:
+    """Data, model (on ``device``, DDP-wrapped when distributed), views, optimizer, schedule."""
+    if data is None:
+        data = load_data(
+            cfg.data, root=cfg.data_root, seed=cfg.seed, download=cfg.download,
+            image_size=cfg.image_size,
+        )  # fmt: skip
+    seed_everything(cfg.seed)  # the same initial weights on every rank
+    model = build_model(cfg, data).to(device)
+    model = to_channels_last(model, device)
+    if cfg.compile:
+        model.backbone = torch.compile(model.backbone)  # type: ignore[assignment]
+    seed_everything(cfg.seed, rank=env.rank)  # each rank its own augmentations from here on
+    dataset = data.pretrain if cfg.method == "simclr" else data.train
+    if len(dataset) < cfg.batch_size:
+        raise ValueError(
+            f"batch_size {cfg.batch_size} is larger than the {len(dataset)} training images of "
+            f"{data.name!r} (the last incomplete batch is dropped)"
+        )
+    loader = make_loader(
+        dataset, cfg.batch_size, shuffle=True, seed=cfg.seed, dist=env,
+        num_workers=cfg.num_workers, collate_fn=collate_uint8, pin_memory=device.type == "cuda",
+    )  # fmt: skip
+    optimizer = _optimizer(cfg, model, env.world_size)
+    steps_per_epoch = len(loader)
+    total = cfg.epochs * steps_per_epoch
+    if cfg.max_steps is not None:
+        total = min(total, cfg.max_steps)
+    warmup = min(round(cfg.warmup_epochs * steps_per_epoch), total - 1)
+    scheduler = warmup_cosine_schedule(optimizer, warmup_steps=warmup, total_steps=total)
+    views = SimCLRViews(
+        data.image_size, data.mean, data.std, _preset(cfg, data.channels), views=cfg.num_views
+    )
+    return Built(wrap_ddp(model, env), views, optimizer, scheduler, loader, data)
+
+
+def _masked_cross_entropy(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Cross-entropy and accuracy over the rows with a label (>= 0); unlabelled rows are -1."""
+    known = labels >= 0
+    count = known.sum().clamp(min=1)
+    per_row = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")  # (B,)
+    loss = (per_row * known).sum() / count
+    accuracy = ((logits.argmax(1) == labels) & known).sum() / count
+    return loss, accuracy.detach().float()
+
+
+def train_step(
+    model: nn.Module, batch: tuple[Tensor, Tensor], *, cfg: Config, views: SimCLRViews, gather: bool
+) -> dict[str, Tensor]:
+    """One step's loss for ``cfg.method`` (plus the joint classifier and online probe).
+
+    Shape:
+        batch: images ``(N, C, H, W)`` uint8 and labels ``(N,)`` (-1 where unknown).
+    """
+    images, labels = batch
+    N = images.shape[0]
+    x = views(images)  # (N, V, C, S, S) normalised float, augmented on the device
+    V = x.shape[1]
+    out = model(x.flatten(0, 1))  # rows n·V + v
+    y = labels.repeat_interleave(V)  # (N·V,)
+    metrics: dict[str, Tensor] = {}
+    if cfg.method == "ce":
+        assert out.logits is not None
+        loss, metrics["train_acc"] = _masked_cross_entropy(out.logits, y)
+    else:
+        assert out.z is not None
+        z = out.z.view(N, V, -1)  # (N, V, D)
+        if cfg.method == "simclr":
+            loss = _simclr_loss(unwrap(model), z, cfg.tau, gather)
+        else:
+            loss = supcon_loss(z, labels, temperature=cfg.tau, variant=cfg.variant, gather=gather)
+        metrics["contrastive_loss"] = loss.detach()
+        metrics["z_std"] = F.normalize(z.detach().float(), dim=-1).flatten(0, 1).std(0).mean()
+        if out.logits is not None:  # SupCon's joint classifier on stop-gradient h
+            classifier_loss, metrics["classifier_acc"] = _masked_cross_entropy(out.logits, y)
+            loss = loss + classifier_loss
+    if out.probe_logits is not None:
+        probe_loss, metrics["probe_acc"] = _masked_cross_entropy(out.probe_logits, y)
+        metrics["probe_loss"] = probe_loss.detach()
+        loss = loss + probe_loss  # reaches the probe only: it reads h.detach()
+    return {"loss": loss, **metrics}
+
+
+def _simclr_loss(model: nn.Module, z: Tensor, temperature: float, gather: bool) -> Tensor:
+    """NT-Xent, or with a queue both directions of InfoNCE against in-batch keys + queue."""
+    queue = getattr(model, "queue", None)
+    if queue is None:
+        return nt_xent_loss(z[:, 0], z[:, 1], temperature=temperature, gather=gather)
+    negatives = queue.negatives()  # (K', D), the keys of earlier steps
+    loss = 0.5 * (
+        info_nce_loss(z[:, 0], z[:, 1], negatives, temperature=temperature, gather=gather,
+                      in_batch=True)
+        + info_nce_loss(z[:, 1], z[:, 0], negatives, temperature=temperature, gather=gather,
+                        in_batch=True)
+    )  # fmt: skip
+    queue.enqueue(z.detach().flatten(0, 1))  # (2N, D) of every rank join the queue
+    return loss
+
+
+def make_monitor(cfg: Config, data: ImageData, device: torch.device, max_images: int = 5000) -> Any:
+    """The loop's ``evaluate``: kNN accuracy (k = 20) of h on the test split, and a collapse
+    check (a clear error when every image maps to the same point)."""
+    if data.num_classes < 2 or len(data.test) == 0:
+        return None
+    train_x, train_y = images_and_labels(data.train)
+    test_x, test_y = images_and_labels(data.test)
+    train_x, train_y, test_x, test_y = (
+        train_x[:max_images], train_y[:max_images], test_x[:max_images], test_y[:max_images]
+    )  # fmt: skip
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        backbone = model.backbone
+        assert isinstance(backbone, nn.Module)
+        train_h = encode(backbone, train_x, data.mean, data.std, device=device)
+        test_h = encode(backbone, test_x, data.mean, data.std, device=device)
+        spread = check_not_collapsed(test_h, f"imagecl train ({cfg.method})")
+        k = min(20, train_h.shape[0])
+        accuracy = knn_probe(train_h, train_y, test_h, test_y, k=k)
+        return {"knn20_acc": accuracy, "feature_std": spread}
+
+    return evaluate
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``imagecl train [options]``: train, then evaluate the encoder and write the run folder."""
+    cfg = parse_config(Config, argv, prog="imagecl train", presets={"quick": QUICK})
+    device = select_device(cfg.device)
+    env = init_distributed(device)
+    device = local_device(device, env)
+    try:
+        run = open_run(cfg.out, cfg.method, resume=cfg.resume, env=env)
+        if env.rank == 0:
+            save_config(cfg, run.path)
+        built = build(cfg, device=device, env=env)
+        loop_cfg = LoopConfig(
+            epochs=cfg.epochs, max_steps=cfg.max_steps, log_every=cfg.log_every,
+            eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, amp=cfg.amp,
+        )  # fmt: skip
+        step = functools.partial(train_step, cfg=cfg, views=built.views, gather=env.is_distributed)
+        monitor = make_monitor(cfg, built.data, device)
+        result = fit(
+            built.model, built.optimizer, built.loader, step, loop_cfg=loop_cfg, run_dir=run,
+            device=device, scheduler=built.scheduler, evaluate=monitor, resume=cfg.resume,
+            dist_env=env, config=cfg,
+        )  # fmt: skip
+        summary: dict[str, Any] = {}
+        if env.rank == 0:
+            summary = finish_run(run, cfg, built, result.step, device)
+        return summary
+    finally:
+        cleanup_distributed()
+
+
+def finish_run(
+    run: RunDir, cfg: Config, built: Built, steps: int, device: torch.device
+) -> dict[str, Any]:
+    """Export the encoder, evaluate it, plot, and write ``summary.json`` and ``report.md``."""
+    model = unwrap(built.model)
+    assert isinstance(model, ImageModel)
+    export_encoder(
+        model.backbone, run.path / "encoder.safetensors",
+        metadata={"backbone": cfg.backbone, "method": cfg.method, "data": cfg.data},
+    )  # fmt: skip
+    summary: dict[str, Any] = {"method": cfg.method, "data": cfg.data, "steps": steps}
+    data = built.data
+    if data.num_classes >= 2 and len(data.test):
+        numbers = evaluate_encoder(model.backbone, data, device=device, seed=cfg.seed)
+        summary.update(numbers)
+        test_x, test_y = images_and_labels(data.test)
+        test_h = encode(model.backbone, test_x, data.mean, data.std, device=device)
+        plot_tsne(test_h, test_y, run.plots / "tsne_h.png", seed=cfg.seed, num_threads=1)
+    plot_training_curves(run)
+    save_views_grid(built.views, data, run.plots / "views.png", seed=cfg.seed, device=device)
+    write_summary(run.summary_path, summary)
+    write_report(
+        run, f"imagecl train: {cfg.method} on {cfg.data}",
+        {"Run": describe_run(cfg, data)}, summary=summary,
+    )  # fmt: skip
+    return summary
+
+
+def describe_run(cfg: Config, data: ImageData) -> str:
+    return (
+        f"{cfg.method} with a {cfg.backbone} backbone on {data.name} ({len(data.train)} train / "
+        f"{len(data.test)} test images, {data.channels}×{data.image_size}×{data.image_size}), "
+        f"batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr}, τ = {cfg.tau}, "
+        f"{cfg.num_views} view(s) per image ({_preset(cfg, data.channels)} augmentation). "
+        "The linear probe is fit on frozen h of the training split (weight decay chosen on a "
+        "held-out part of it) and scored once on the test split."
+    )
+
+
+def load_trained(
+    checkpoint: Path, *, data_root: Path | None = None, device: torch.device
+) -> tuple[Config, ImageData, ImageModel]:
+    """The config, data and model of a training run, from its ``checkpoints/*.pt``.
+
+    The run's ``config.json`` (two folders up) rebuilds the model; ``data_root`` overrides the
+    recorded data location (e.g. the run was trained on another machine).
+    """
+    checkpoint = Path(checkpoint)
+    config_path = checkpoint.resolve().parent.parent / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"{config_path} does not exist: --checkpoint must lie in a run folder written by "
+            "imagecl train (run/checkpoints/last.pt beside run/config.json)"
+        )
+    cfg = load_config(Config, config_path)
+    state = load_checkpoint(checkpoint)
+    data = load_data(
+        cfg.data, root=data_root or cfg.data_root, seed=cfg.seed, image_size=cfg.image_size
+    )
+    model = build_model(cfg, data)
+    model.load_state_dict(state["model"])
+    return cfg, data, model.to(device).eval()

@@ -1,0 +1,176 @@
+"""imagecl train / eval / finetune: smoke runs, gradients, resume and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from imagecl import evaluate, finetune, train
+from imagecl.data import load_data
+from imagecl.models import ImageModel
+from shared.checkpoint import load_checkpoint
+from shared.config import parse_config
+from shared.runtime import unwrap
+
+CPU = torch.device("cpu")
+# a few steps of the quick preset on digits (1 channel) or digits-m (3 channels)
+TINY = ["--quick", "--device", "cpu", "--batch-size", "64", "--epochs", "1", "--log-every", "1"]
+
+
+def _train(out: Path, *extra: str) -> dict[str, Any]:
+    return train.main([*TINY, "--out", str(out), *extra])
+
+
+def _run_files(out: Path) -> set[str]:
+    return {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [
+        ("simclr", ["--data", "digits-m"]),
+        ("simclr", ["--data", "digits", "--queue-size", "200"]),
+        ("supcon", ["--data", "digits-m", "--views", "3", "--joint-classifier"]),
+        ("supcon", ["--data", "digits", "--variant", "in"]),
+        ("ce", ["--data", "digits-m"]),
+    ],
+)
+def test_each_method_trains_and_writes_its_run_folder(
+    tmp_path: Path, method: str, extra: list[str]
+) -> None:
+    out = tmp_path / "run"
+    summary = _train(out, "--method", method, "--max-steps", "3", *extra)
+    files = _run_files(out)
+    for name in ("config.json", "metrics.csv", "checkpoints/last.pt", "summary.json",
+                 "report.md", "encoder.safetensors", "plots/training.png", "plots/views.png",
+                 "plots/tsne_h.png"):  # fmt: skip
+        assert name in files, name
+    assert summary["steps"] == 3
+    assert 0.0 <= summary["linear_probe_accuracy"] <= 1.0
+    assert json.loads((out / "summary.json").read_text())["method"] == method
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 4 and "probe_acc" in rows[0]  # header + 3 steps, online probe on
+
+
+def test_eval_and_finetune_read_a_training_run(tmp_path: Path) -> None:
+    run = tmp_path / "simclr"
+    _train(run, "--data", "digits-m", "--max-steps", "2")
+    checkpoint = str(run / "checkpoints" / "last.pt")
+    numbers = evaluate.main(
+        ["--checkpoint", checkpoint, "--device", "cpu", "--severities", "1", "5",
+         "--labels-per-class", "1", "5", "--out", str(tmp_path / "eval")]
+    )  # fmt: skip
+    expected = ("linear_probe_accuracy", "knn20_accuracy", "knn200_accuracy", "alignment",
+                "uniformity", "probe_1_per_class_accuracy", "corruption_mean_accuracy")  # fmt: skip
+    for key in expected:
+        assert key in numbers, key
+    assert set(numbers["corruption_accuracy"]) == set(evaluate.CORRUPTIONS)
+    assert "plots/corruption_accuracy.png" in _run_files(tmp_path / "eval")
+    result = finetune.main(
+        ["--checkpoint", checkpoint, "--device", "cpu", "--label-fraction", "0.1",
+         "--epochs", "1", "--out", str(tmp_path / "ft")]
+    )  # fmt: skip
+    counts = torch.bincount(load_data("digits-m", seed=0).train.labels)
+    assert result["labels"] == sum(max(1, round(0.1 * int(n))) for n in counts)
+    assert 0 <= result["finetuned_accuracy"] <= 1 and 0 <= result["scratch_accuracy"] <= 1
+
+
+def test_label_subset_is_class_balanced_and_seeded() -> None:
+    labels = torch.arange(5).repeat_interleave(torch.tensor([10, 20, 30, 40, 3]))
+    keep = finetune.label_subset(labels, 0.1, seed=0)
+    assert torch.bincount(labels[keep]).tolist() == [1, 2, 3, 4, 1]
+    assert torch.equal(keep, finetune.label_subset(labels, 0.1, seed=0))
+    assert not torch.equal(keep, finetune.label_subset(labels, 0.1, seed=1))
+
+
+def test_resume_after_a_crash_reaches_the_uninterrupted_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    common = ["--data", "digits", "--queue-size", "100", "--max-steps", "4",
+              "--checkpoint-every", "2"]  # fmt: skip
+    _train(whole, *common)
+    calls = iter(range(1, 100))
+    step = train.train_step
+
+    def crashing_step(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        if next(calls) == 3:
+            raise RuntimeError("preempted")
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(train, "train_step", crashing_step)
+    with pytest.raises(RuntimeError, match="preempted"):
+        _train(parts, *common)
+    monkeypatch.setattr(train, "train_step", step)
+    _train(parts, *common, "--resume")
+    a = load_checkpoint(whole / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(parts / "checkpoints" / "last.pt")["model"]
+    assert a.keys() == b.keys() and "queue.keys" in a
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert (whole / "metrics.csv").read_bytes() == (parts / "metrics.csv").read_bytes()
+    with pytest.raises(ValueError, match=r"pipeline\.lr"):
+        _train(parts, *common, "--resume", "--lr", "0.1")
+
+
+@pytest.mark.parametrize("method", ["simclr", "supcon", "ce"])
+def test_every_parameter_gets_a_finite_gradient(method: str) -> None:
+    data = load_data("digits-m", seed=0)
+    joint = ["--joint-classifier"] if method == "supcon" else []
+    cfg = _config(["--method", method, *joint])
+    built = train.build(cfg, device=CPU, data=data)
+    model = unwrap(built.model)
+    assert isinstance(model, ImageModel)
+    images, labels = next(iter(built.loader))
+    out = train.train_step(built.model, (images, labels), cfg=cfg, views=built.views, gather=False)
+    out["loss"].backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, name
+        assert torch.isfinite(param.grad).all(), name
+    assert model.probe is not None  # the online probe is on by default
+
+
+def _config(argv: list[str]) -> train.Config:
+    quick = {"quick": train.QUICK}
+    return parse_config(train.Config, ["--quick", "--batch-size", "32", *argv], presets=quick)
+
+
+def test_the_probe_and_joint_classifier_never_reach_the_backbone() -> None:
+    """They read h.detach(): with the contrastive loss switched off, the backbone gets no grad."""
+    data = load_data("digits", seed=0)
+    cfg = _config(["--method", "supcon", "--joint-classifier"])
+    built = train.build(cfg, device=CPU, data=data)
+    model = unwrap(built.model)
+    assert isinstance(model, ImageModel) and model.classifier is not None
+    images, _ = next(iter(built.loader))
+    x = built.views(images)
+    out = model(x.flatten(0, 1))
+    assert out.probe_logits is not None and out.logits is not None
+    (out.probe_logits.sum() + out.logits.sum()).backward()
+    assert all(p.grad is None for p in model.backbone.parameters())
+
+
+def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--resume needs --out"):
+        train.main([*TINY, "--resume"])
+    with pytest.raises(ValueError, match="batch_size 4096 is larger than the"):
+        _train(tmp_path / "big", "--batch-size", "4096")
+    with pytest.raises(ValueError, match="queue_size applies to method simclr only"):
+        _config(["--method", "supcon", "--queue-size", "10"])
+    with pytest.raises(ValueError, match="simclr contrasts exactly 2 views"):
+        _config(["--views", "4"])
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    from PIL import Image
+
+    for i in range(4):
+        Image.new("RGB", (8, 8), (60 * i, 10, 10)).save(folder / f"{i}.png")
+    with pytest.raises(ValueError, match="needs labels"):
+        _train(tmp_path / "x", "--method", "supcon", "--data", "unlabeled",
+               "--data-root", str(folder), "--batch-size", "2")  # fmt: skip
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        evaluate.main(["--checkpoint", str(tmp_path / "nowhere" / "last.pt")])
