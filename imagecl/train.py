@@ -147,18 +147,21 @@ class Config:
         return 1 if self.method == "ce" else self.views
 
 
-# About a minute on 2 CPU cores: a small CNN on digits-m.
+# About a minute on 2 CPU cores: a small CNN on digits-m, 250 steps of batch 128. Measured for
+# SimCLR (seed 0, probe accuracy): τ 0.5 / batch 256 → 48 %, τ 0.2 / batch 256 → 50 %,
+# τ 0.2 / batch 128 → 56 % (random init 40 %, raw pixels 70 %).
 QUICK: dict[str, Any] = {
     "data": "digits-m",
     "backbone": "small_cnn",
     "width": 32,
-    "batch_size": 256,
+    "batch_size": 128,
     "epochs": 25,
     "optimizer": "adam",
     "lr": 2e-3,
     "weight_decay": 1e-5,
     "warmup_epochs": 2.0,
-    "log_every": 5,
+    "temperature": 0.2,
+    "log_every": 10,
 }
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from imagecl import evaluate, finetune, train
+from imagecl.backbones import build_backbone
 from imagecl.data import load_data
 from imagecl.models import ImageModel
 from shared.checkpoint import load_checkpoint
@@ -174,3 +175,19 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
                "--data-root", str(folder), "--batch-size", "2")  # fmt: skip
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         evaluate.main(["--checkpoint", str(tmp_path / "nowhere" / "last.pt")])
+
+
+@pytest.mark.slow
+def test_simclr_on_digits_m_beats_the_random_init_encoder(tmp_path: Path) -> None:
+    """Learning: the quick preset's SimCLR encoder probes clearly above its random init.
+
+    Measured on this preset (seed 0): random init ≈ 40 %, SimCLR ≈ 55 % (raw pixels ≈ 70 %:
+    the shared photo background of the two views is a shortcut SimCLR partly takes).
+    """
+    summary = train.main(["--quick", "--device", "cpu", "--out", str(tmp_path / "run")])
+    data = load_data("digits-m", seed=0)
+    torch.manual_seed(0)
+    random_init = build_backbone("small_cnn", in_channels=3)
+    baseline = evaluate.evaluate_encoder(random_init, data, device=CPU, knn_k=())
+    margin = summary["linear_probe_accuracy"] - baseline["linear_probe_accuracy"]
+    assert margin > 0.08, (summary["linear_probe_accuracy"], baseline["linear_probe_accuracy"])
