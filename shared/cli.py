@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["PipelineMain", "dispatch"]
@@ -19,7 +20,9 @@ def dispatch(
 ) -> int:
     """Run ``pipelines[name]``'s main with the remaining arguments; list them on ``--help``.
 
-    ``pipelines`` maps a command name to ``(one-line help, main)``. Returns the exit status.
+    ``pipelines`` maps a command name to ``(one-line help, main)``. Returns the exit status:
+    0, or 2 after printing one line for bad input (a ``ValueError``, ``FileNotFoundError`` or
+    ``FileExistsError`` from the pipeline) instead of a traceback.
     """
     listing = "\n".join(f"  {name:16} {text}" for name, (text, _) in pipelines.items())
     parser = argparse.ArgumentParser(
@@ -39,5 +42,10 @@ def dispatch(
     if ns.pipeline not in pipelines:
         known = ", ".join(pipelines) or "none yet"
         parser.error(f"unknown pipeline {ns.pipeline!r} (available: {known})")
-    pipelines[ns.pipeline][1](list(ns.args))
+    try:
+        pipelines[ns.pipeline][1](list(ns.args))
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
+        # bad input (a missing data set, a changed config on resume, ...): one clear line
+        print(f"{prog} {ns.pipeline}: error: {exc}", file=sys.stderr)
+        return 2
     return 0

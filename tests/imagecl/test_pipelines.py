@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from imagecl import evaluate, finetune, train
 from imagecl.backbones import build_backbone
@@ -191,3 +194,30 @@ def test_simclr_on_digits_m_beats_the_random_init_encoder(tmp_path: Path) -> Non
     baseline = evaluate.evaluate_encoder(random_init, data, device=CPU, knn_k=())
     margin = summary["linear_probe_accuracy"] - baseline["linear_probe_accuracy"]
     assert margin > 0.08, (summary["linear_probe_accuracy"], baseline["linear_probe_accuracy"])
+
+
+def _ddp_train_worker(rank: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )  # fmt: skip
+    train.main([*TINY, "--out", out, "--data", "digits", "--batch-size", "32", "--max-steps", "2"])
+
+
+def test_two_gloo_ranks_train_with_gathered_negatives(tmp_path: Path) -> None:
+    """torchrun-style: 2 processes, negatives gathered, one run folder written by rank 0."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "ddp"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_ddp_train_worker, args=(r, port, str(out))) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=300)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    ckpt = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert ckpt["step"] == 2 and ckpt["world_size"] == 2
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2

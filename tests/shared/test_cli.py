@@ -33,3 +33,12 @@ def test_dispatch_lists_pipelines_and_rejects_unknown_ones(
 def test_console_scripts_answer_help(main, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     assert main([]) == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line_and_exit_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    def missing(argv: list[str]) -> None:
+        raise FileNotFoundError("cifar10 not found under ~/data; pass --download")
+
+    assert dispatch("imagecl", "demo", {"train": ("train", missing)}, ["train"]) == 2
+    err = capsys.readouterr().err
+    assert err == "imagecl train: error: cifar10 not found under ~/data; pass --download\n"
