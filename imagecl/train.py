@@ -37,7 +37,7 @@ from imagecl.models import HEADS, ImageModel, build_head
 from imagecl.report import open_run, plot_training_curves, save_views_grid
 from shared.checkpoint import export_encoder, load_checkpoint
 from shared.config import load_config, parse_config, save_config
-from shared.losses import MemoryQueue, info_nce_loss, nt_xent_loss, supcon_loss
+from shared.losses import MemoryQueue, nt_xent_loss, supcon_loss, two_view_info_nce_loss
 from shared.optim import LARS, lars_param_groups, warmup_cosine_schedule
 from shared.plots import plot_tsne
 from shared.probes import knn_probe
@@ -321,13 +321,9 @@ def _simclr_loss(model: nn.Module, z: Tensor, temperature: float, gather: bool) 
     queue = getattr(model, "queue", None)
     if queue is None:
         return nt_xent_loss(z[:, 0], z[:, 1], temperature=temperature, gather=gather)
-    negatives = queue.negatives()  # (K', D), the keys of earlier steps
-    loss = 0.5 * (
-        info_nce_loss(z[:, 0], z[:, 1], negatives, temperature=temperature, gather=gather,
-                      in_batch=True)
-        + info_nce_loss(z[:, 1], z[:, 0], negatives, temperature=temperature, gather=gather,
-                        in_batch=True)
-    )  # fmt: skip
+    loss = two_view_info_nce_loss(
+        z[:, 0], z[:, 1], queue.negatives(), temperature=temperature, gather=gather
+    )
     queue.enqueue(z.detach().flatten(0, 1))  # (2N, D) of every rank join the queue
     return loss
 

@@ -14,7 +14,7 @@ from shared.losses.generalized import (
     sample_prior,
     sliced_wasserstein_distance,
 )
-from shared.losses.info_nce import InfoNCELoss, info_nce_loss
+from shared.losses.info_nce import InfoNCELoss, info_nce_loss, two_view_info_nce_loss
 from shared.losses.metrics import alignment, uniformity
 from shared.losses.pairs import NPairsLoss, TripletLoss, npairs_loss, triplet_loss
 from shared.losses.queue import MemoryQueue
@@ -51,5 +51,6 @@ __all__ = [
     "sliced_wasserstein_distance",
     "supcon_loss",
     "triplet_loss",
+    "two_view_info_nce_loss",
     "uniformity",
 ]

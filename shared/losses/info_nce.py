@@ -27,7 +27,7 @@ from shared.losses._checks import (
 )
 from shared.losses.core import autocast_off, masked_logsumexp
 
-__all__ = ["InfoNCELoss", "info_nce_loss"]
+__all__ = ["InfoNCELoss", "info_nce_loss", "two_view_info_nce_loss"]
 
 Reduction = Literal["mean", "sum", "none"]
 
@@ -127,6 +127,36 @@ def info_nce_loss(
             n = F.normalize(negatives.to(dtype), dim=-1)  # (K, D) or (N, K, D)
             per_query = _explicit_negatives(q, n, positive, temperature, block_size)
         return reduce(per_query, reduction)
+
+
+def two_view_info_nce_loss(
+    z1: Tensor,
+    z2: Tensor,
+    negatives: Tensor,
+    *,
+    temperature: float,
+    gather: bool = False,
+    block_size: int | None = None,
+) -> Tensor:
+    """Both directions of InfoNCE with in-batch keys plus shared extra negatives, averaged.
+
+    ``½ [info_nce(z1, z2, negatives, in_batch=True) + info_nce(z2, z1, negatives,
+    in_batch=True)]``: a SimCLR-style two-view loss whose small batch is topped up with
+    ``negatives`` (e.g. a :class:`~shared.losses.queue.MemoryQueue`'s past keys). With no
+    negatives (K = 0) it is the mean of the two in-batch InfoNCE directions.
+
+    Shape:
+        z1, z2: ``(N, D)``; negatives: ``(K, D)``; result: scalar.
+    """
+    forward = info_nce_loss(
+        z1, z2, negatives, temperature=temperature, gather=gather, block_size=block_size,
+        in_batch=True,
+    )  # fmt: skip
+    backward = info_nce_loss(
+        z2, z1, negatives, temperature=temperature, gather=gather, block_size=block_size,
+        in_batch=True,
+    )  # fmt: skip
+    return 0.5 * (forward + backward)
 
 
 def _explicit_negatives(

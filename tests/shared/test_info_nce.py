@@ -20,6 +20,7 @@ from shared.losses import (
     info_nce_loss,
     npairs_loss,
     nt_xent_loss,
+    two_view_info_nce_loss,
 )
 from shared.runs import RunDir
 from shared.runtime import make_loader, seed_everything
@@ -168,6 +169,14 @@ def test_in_batch_plus_a_queue_equals_per_query_negatives_of_both(seed: int) -> 
     assert torch.allclose(info_nce_loss(q, k, empty, in_batch=True), info_nce_loss(q, k))
     with pytest.raises(ValueError, match="not per-query"):
         info_nce_loss(q, k, others, in_batch=True)
+
+
+def test_two_view_loss_is_the_mean_of_both_directions() -> None:
+    q, k, queue = _inputs(3, "shared", 5, K=6)
+    both = two_view_info_nce_loss(q, k, queue, temperature=0.3)
+    one = info_nce_loss(q, k, queue, temperature=0.3, in_batch=True)
+    other = info_nce_loss(k, q, queue, temperature=0.3, in_batch=True)
+    assert torch.allclose(both, (one + other) / 2, atol=1e-12)
 
 
 @pytest.mark.parametrize("N", [1, 2, 5])
