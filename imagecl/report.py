@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,9 +11,9 @@ from torch import Tensor
 
 from imagecl.augment import SimCLRViews
 from imagecl.data import ImageData, images_and_labels
-from shared.distributed import all_gather_object
 from shared.plots import plot_loss_curves, save_image_grid
 from shared.runs import RunDir
+from shared.runs import open_run as shared_open_run
 from shared.runtime import SINGLE_PROCESS, DistEnv
 
 __all__ = ["open_run", "plot_training_curves", "save_views_grid", "unnormalize"]
@@ -26,18 +25,8 @@ CURVES = ("loss", "contrastive_loss", "train_acc", "probe_acc", "classifier_acc"
 def open_run(
     out: Path | None, kind: str, *, resume: bool = False, env: DistEnv = SINGLE_PROCESS
 ) -> RunDir:
-    """The run folder: ``out``, or ``runs/imagecl/<kind>-<time>``; created on rank 0.
-
-    Every rank gets the same path (rank 0's time stamp); ``resume`` needs ``out``.
-    """
-    if resume and out is None:
-        raise ValueError("--resume needs --out, the folder of the run to continue")
-    if out is None:
-        out = Path("runs") / "imagecl" / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out = Path(all_gather_object(str(out))[0]).resolve()
-    if env.rank == 0:
-        return RunDir.create(out.parent.name, out.name, root=out.parent.parent, resume=resume)
-    return RunDir(out)
+    """The run folder: ``out``, or ``runs/imagecl/<kind>-<time>`` (see ``shared.runs.open_run``)."""
+    return shared_open_run(out, Path("runs") / "imagecl" / kind, resume=resume, rank=env.rank)
 
 
 def plot_training_curves(run: RunDir) -> Path | None:

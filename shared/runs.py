@@ -24,7 +24,7 @@ from torch import Tensor
 
 from shared.checkpoint import atomic_write
 
-__all__ = ["MetricsLogger", "RunDir", "write_report", "write_summary"]
+__all__ = ["MetricsLogger", "RunDir", "open_run", "write_report", "write_summary"]
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -119,6 +119,26 @@ class RunDir:
     @property
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
+
+
+def open_run(
+    out: str | Path | None, default: str | Path, *, resume: bool = False, rank: int = 0
+) -> RunDir:
+    """The run folder of a command: ``out``, or ``default`` with ``-<time>`` appended.
+
+    Under DDP every rank must call it (all ranks get rank 0's path, time stamp included); only
+    rank 0 creates the folder (:meth:`RunDir.create`). ``resume`` needs ``out``.
+    """
+    from shared.distributed import all_gather_object  # runs is imported by the loss-free core
+
+    if resume and out is None:
+        raise ValueError("--resume needs --out, the folder of the run to continue")
+    if out is None:
+        out = f"{default}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = Path(all_gather_object(str(out))[0]).resolve()
+    if rank == 0:
+        return RunDir.create(path.parent.name, path.name, root=path.parent.parent, resume=resume)
+    return RunDir(path)
 
 
 def _scalar(value: Any) -> float | int | str:

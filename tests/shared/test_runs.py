@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.runs import MetricsLogger, RunDir, write_report, write_summary
+from shared.runs import MetricsLogger, RunDir, open_run, write_report, write_summary
 
 
 def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -157,3 +157,17 @@ def test_report_with_explicit_summary_and_no_plots(tmp_path: Path) -> None:
     path = write_report(tmp_path, "T", summary={"x": 1})
     text = path.read_text()
     assert "| x | 1 |" in text and "## Plots" not in text
+
+
+def test_open_run_names_creates_and_resumes(tmp_path: Path) -> None:
+    run = open_run(None, tmp_path / "runs" / "imagecl" / "simclr")
+    assert run.path.parent == (tmp_path / "runs" / "imagecl").resolve()
+    assert run.path.name.startswith("simclr-") and run.checkpoints.is_dir()
+    chosen = open_run(tmp_path / "mine" / "a", "unused")
+    assert chosen.path == (tmp_path / "mine" / "a").resolve() and chosen.plots.is_dir()
+    with pytest.raises(ValueError, match="--resume needs --out"):
+        open_run(None, "x", resume=True)
+    with pytest.raises(FileNotFoundError, match="cannot resume"):
+        open_run(tmp_path / "mine" / "a", "unused", resume=True)
+    assert open_run(tmp_path / "other", "unused", rank=1).path == (tmp_path / "other").resolve()
+    assert not (tmp_path / "other").exists()  # only rank 0 creates the folder
