@@ -1,15 +1,36 @@
-"""The ``graphcl`` console script: ``graphcl <pipeline> [options]``."""
+"""The ``graphcl`` console script: ``graphcl <command> [options]``.
+
+``pretrain`` (GraphCL on molecules), ``finetune`` (a property task, pre-trained against
+scratch), ``probe`` (frozen embeddings) and ``augment`` (pictures of the augmentations).
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
+from typing import Any
 
 from shared.cli import PipelineMain, dispatch
 
-# name -> (one-line help, main(argv)); each pipeline adds itself here when it lands
-PIPELINES: dict[str, tuple[str, PipelineMain]] = {}
+
+def _lazy(module: str) -> PipelineMain:
+    """``main`` of ``module``, imported on use: ``graphcl --help`` stays fast."""
+
+    def run(argv: list[str]) -> Any:
+        return importlib.import_module(module).main(argv)
+
+    return run
+
+
+# name -> (one-line help, main(argv))
+PIPELINES: dict[str, tuple[str, PipelineMain]] = {
+    "pretrain": ("GraphCL pre-training of a GNN encoder", _lazy("graphcl.pretrain")),
+    "finetune": ("fine-tune on a property task, against scratch", _lazy("graphcl.finetune")),
+    "probe": ("probe frozen embeddings (ridge / logistic / SVM)", _lazy("graphcl.probe")),
+    "augment": ("draw a molecule and its augmented views", _lazy("graphcl.augment_cmd")),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``graphcl`` command."""
-    return dispatch("graphcl", (__doc__ or "").strip(), PIPELINES, argv)
+    return dispatch("graphcl", (__doc__ or "").strip().split("\n")[0], PIPELINES, argv)
