@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,8 +36,8 @@ class FinetuneConfig:
 
     checkpoint: Path
     label_fraction: float = 0.1  # SimCLR: 0.01 and 0.1 of the labels
-    epochs: int = 30
-    batch_size: int = 256
+    steps: int = 300  # optimizer steps, whatever the subset's size (1 % of digits is 13 images)
+    batch_size: int = 64
     optimizer: Literal["sgd", "adam", "lars"] = "adam"
     lr: float = 1e-3
     weight_decay: float = 1e-5
@@ -50,11 +51,11 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if not 0 < self.label_fraction <= 1:
             raise ValueError(f"label_fraction must be in (0, 1], got {self.label_fraction}")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("epochs and batch_size must be >= 1")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError("steps and batch_size must be >= 1")
 
 
-QUICK: dict[str, Any] = {"epochs": 15, "batch_size": 128}
+QUICK: dict[str, Any] = {"steps": 100}
 
 
 def label_subset(labels: torch.Tensor, fraction: float, *, seed: int) -> torch.Tensor:
@@ -93,7 +94,7 @@ def _train_one(
     if backbone is not None:
         model.backbone.load_state_dict(backbone.state_dict())  # type: ignore[union-attr]
     step = functools.partial(train_step, cfg=train_cfg, views=built.views, gather=False)
-    loop_cfg = LoopConfig(epochs=train_cfg.epochs, log_every=5, progress=False)
+    loop_cfg = LoopConfig(max_steps=train_cfg.max_steps, log_every=10, progress=False)
     fit(
         built.model, built.optimizer, built.loader, step, loop_cfg=loop_cfg, run_dir=run,
         device=device, scheduler=built.scheduler, config=train_cfg,
@@ -112,11 +113,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     images, labels = images_and_labels(data.train)
     keep = label_subset(labels, cfg.label_fraction, seed=cfg.seed)
     subset = data._replace(train=TensorImageDataset(images[keep], labels[keep]))
+    batch_size = min(cfg.batch_size, keep.numel())
+    epochs = math.ceil(cfg.steps / (keep.numel() // batch_size))  # enough epochs for the steps
     train_cfg = dataclasses.replace(
-        trained, method="ce", epochs=cfg.epochs, batch_size=min(cfg.batch_size, keep.numel()),
+        trained, method="ce", epochs=epochs, batch_size=batch_size,
         optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
         warmup_epochs=cfg.warmup_epochs, online_probe=False, queue_size=0,
-        joint_classifier=False, seed=cfg.seed, max_steps=None, resume=False, out=None,
+        joint_classifier=False, seed=cfg.seed, max_steps=cfg.steps, resume=False, out=None,
     )  # fmt: skip
     summary: dict[str, Any] = {"label_fraction": cfg.label_fraction, "labels": keep.numel()}
     runs: dict[str, torch.nn.Module | None] = {"finetuned": pretrained.backbone}

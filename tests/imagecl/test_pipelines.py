@@ -76,7 +76,7 @@ def test_eval_and_finetune_read_a_training_run(tmp_path: Path) -> None:
     assert "plots/corruption_accuracy.png" in _run_files(tmp_path / "eval")
     result = finetune.main(
         ["--checkpoint", checkpoint, "--device", "cpu", "--label-fraction", "0.1",
-         "--epochs", "1", "--out", str(tmp_path / "ft")]
+         "--steps", "3", "--out", str(tmp_path / "ft")]
     )  # fmt: skip
     counts = torch.bincount(load_data("digits-m", seed=0).train.labels)
     assert result["labels"] == sum(max(1, round(0.1 * int(n))) for n in counts)
