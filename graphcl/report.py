@@ -20,7 +20,7 @@ from shared.runs import RunDir
 from shared.runs import open_run as shared_open_run
 from shared.runtime import SINGLE_PROCESS, DistEnv
 
-__all__ = ["augmentation_views", "embed", "open_run", "pretrain_plots"]
+__all__ = ["augmentation_views", "embed", "open_run", "plot_joao", "pretrain_plots"]
 
 VIEW_NAMES = ("drop_nodes", "perturb_edges", "mask_attributes", "subgraph")
 
@@ -96,3 +96,29 @@ def pretrain_plots(
     )
     views, legends = augmentation_views(data.graphs[index], cfg.layout, cfg.aug_ratio, cfg.seed)
     draw_grid(views, legends, run.plots / "views.png", layout=cfg.layout, per_row=5)
+    joao = getattr(model, "joao", None)
+    if joao is not None:
+        plot_joao(joao.sampler.history, joao.sampler.names, run.plots / "joao.png")
+
+
+def plot_joao(history: list[Tensor], names: tuple[str, ...], path: Path) -> Path:
+    """JOAO's pair distribution: the last one as a heat map, each pair's probability by epoch."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10.0, 4.0))
+    left, right = fig.subplots(1, 2)
+    final = history[-1].numpy()
+    image = left.imshow(final, cmap="viridis")
+    left.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+    left.set_yticks(range(len(names)), names, fontsize=7)
+    left.set_xlabel("view 2")
+    left.set_ylabel("view 1")
+    left.set_title(f"pair probabilities after {len(history) - 1} update(s)")
+    fig.colorbar(image, ax=left)
+    stacked = torch.stack(history).flatten(1).numpy()  # (T, K²)
+    right.plot(stacked)
+    right.set_xlabel("epoch (updates)")
+    right.set_ylabel("probability of each pair")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path

@@ -74,6 +74,7 @@ def test_pretrain_options(tmp_path: Path, extra: list[str]) -> None:
         joao = state["joao._extra_state"]
         assert joao["history"].shape == (3, 5, 5)  # uniform + one update per epoch
         assert torch.isclose(joao["probabilities"].sum(), torch.tensor(1.0, dtype=torch.float64))
+        assert (tmp_path / "run" / "plots" / "joao.png").is_file()
     if "--queue-size" in extra:
         assert state["queue.keys"].shape == (40, 128)
 
