@@ -24,7 +24,7 @@ from torch import Tensor
 from torch_geometric.data import Batch, Data
 from torch_geometric.utils import subgraph as pyg_subgraph
 
-from graphcl import augment
+from graphcl import sampling
 from graphcl.adaptive import AugmentationSampler, project_simplex
 from graphcl.augment import (
     AUGMENTATIONS,
@@ -498,20 +498,20 @@ def test_pair_lookup_bitmap_equals_binary_search(monkeypatch: pytest.MonkeyPatch
     """Bond lookups by bitmap (small graphs) and by binary search (large) agree exactly."""
     batch = molecules(repeat=4)
     with_bitmap = perturb_edges(batch, 0.4, generator=gen(0))
-    monkeypatch.setattr(augment, "BITMAP_BUDGET", 0)
+    monkeypatch.setattr(sampling, "BITMAP_BUDGET", 0)
     assert_batches_equal(perturb_edges(batch, 0.4, generator=gen(0)), with_bitmap)
 
 
 def test_further_rejection_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Graphs left short by a round draw again, excluding what was chosen: still exact."""
     lookups = []
-    isin = augment._isin_sorted
+    isin = sampling._isin_sorted
 
     def counted(keys: Tensor, sorted_keys: Tensor) -> Tensor:
         lookups.append(keys.numel())
         return isin(keys, sorted_keys)
 
-    monkeypatch.setattr(augment, "_isin_sorted", counted)
+    monkeypatch.setattr(sampling, "_isin_sorted", counted)
     batch = molecules(["path10", "benzene"], repeat=300)  # p = 0.5: 4 of 9 bonds, 3 of 6
     out = perturb_edges(batch, 0.5, generator=gen(0))
     assert lookups, "no second round happened: the test lost its purpose"
@@ -524,13 +524,13 @@ def test_further_rejection_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_node_choice_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Node choices that a first round leaves short draw again: exact counts, uniform."""
     rounds = []
-    draw = augment._draw
+    draw = sampling._draw
 
     def counted(*args: Any, **kwargs: Any) -> Tensor:
         rounds.append(1)
         return draw(*args, **kwargs)
 
-    monkeypatch.setattr(augment, "_draw", counted)
+    monkeypatch.setattr(sampling, "_draw", counted)
     batch = molecules(["no_bonds"], repeat=4000)  # 4 nodes, 2 dropped: a round may fall short
     out = drop_nodes(batch, 0.5, generator=gen(0))
     assert len(rounds) > 1, "no second round happened: the test lost its purpose"
