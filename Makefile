@@ -32,7 +32,7 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(PY) -m pytest -q -n $(WORKERS) tests
 	# the GPU tests' bodies on the CPU, so they cannot rot on machines without CUDA
-	CONTRASTKIT_TEST_DEVICE=cpu $(PY) -m pytest -q -n $(WORKERS) -m cuda tests/shared/test_cuda.py
+	CONTRASTKIT_TEST_DEVICE=cpu $(PY) -m pytest -q -n $(WORKERS) -m cuda tests
 
 # on a machine with CUDA: the GPU tests alone
 pytest-cuda: $(STAMP)
