@@ -193,7 +193,6 @@ def test_learning_pretraining_lowers_the_loss_and_finetuning_beats_the_mean(
         ["--quick", "--encoder", str(out / "encoder.safetensors"), "--data", "freesolv",
          "--device", "cpu", "--out", str(tmp_path / "ft")]
     )  # fmt: skip
-    # measured (one thread): best-valid 2.6, final 3.1, the training mean 4.5 kcal/mol
-    mean = summary["pretrained/train_mean_rmse"]
-    assert summary["pretrained/best_valid_rmse"] < 0.8 * mean
-    assert summary["pretrained/final_rmse"] < mean
+    # measured: best-valid 2.6 (one and two threads), the training mean 4.5 kcal/mol; the
+    # final epoch is noisy at Hu et al.'s constant lr (3.1 on one thread, 4.3 on two)
+    assert summary["pretrained/best_valid_rmse"] < 0.8 * summary["pretrained/train_mean_rmse"]
