@@ -162,6 +162,7 @@ QUICK: dict[str, Any] = {
     "warmup_epochs": 2.0,
     "temperature": 0.2,
     "log_every": 10,
+    "eval_every": 50,  # the kNN monitor, five times
 }
 
 
