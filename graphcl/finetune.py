@@ -14,6 +14,7 @@ measured, pre-trained against scratch.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ class Config:
     amp: Literal["auto", "bf16", "off"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     out: Path | None = None
+    resume: bool = False  # continue an interrupted run in --out (finished sub-runs are kept)
 
     def __post_init__(self) -> None:
         if not 0 < self.label_fraction <= 1:
@@ -141,9 +143,13 @@ def _step(model: nn.Module, batch: Batch, *, task: Task) -> dict[str, Tensor]:
 
 
 def train_one(
-    run: RunDir, cfg: Config, data: MoleculeData, seed: int, pretrained: bool, device: torch.device
-) -> dict[str, Any]:
-    """One seed of one initialisation; test metrics at the final and at the best-valid epoch."""
+    run: RunDir, cfg: Config, data: MoleculeData, seed: int, pretrained: bool, device: torch.device,
+    *, resume: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """One seed of one initialisation; test metrics at the final and at the best-valid epoch.
+
+    With ``resume`` the run continues from its ``last.pt`` (bit for bit, as ``fit`` resumes).
+    """
     train, valid, test = _split(cfg, data, seed)
     graphs = data.graphs
     assert data.targets is not None
@@ -168,11 +174,12 @@ def train_one(
 
     loop_cfg = LoopConfig(
         epochs=cfg.epochs, eval_every=len(loader), log_every=len(loader), amp=cfg.amp,
+        checkpoint_every=len(loader),  # every epoch: an interrupted run resumes from there
         best_metric=f"valid_{metric}", best_mode=mode, progress=False,
     )  # fmt: skip
     step = functools.partial(_step, task=task)
     fit(model, optimizer, loader, step, loop_cfg=loop_cfg, run_dir=run, device=device,
-        evaluate=evaluate, config=cfg)  # fmt: skip
+        evaluate=evaluate, config=cfg, resume=resume)  # fmt: skip
     y_test = _targets(test_graphs)
     final = task_metrics(task, _outputs(model, test_graphs, device), y_test)
     result: dict[str, Any] = {f"final_{k}": v for k, v in final.items()}
@@ -214,6 +221,23 @@ def robustness(
     return out
 
 
+def _sub_run(
+    run: RunDir, cfg: Config, data: MoleculeData, seed: int, name: str, device: torch.device
+) -> dict[str, Any]:
+    """One ``<init>-seed<k>`` sub-run: reused when finished, continued with ``--resume``."""
+    folder = run.path / f"{name}-seed{seed}"
+    done = folder / "result.json"
+    if cfg.resume and done.is_file():
+        result: dict[str, Any] = json.loads(done.read_text())
+        return result
+    resume = cfg.resume and (folder / "checkpoints" / "last.pt").is_file()
+    sub = RunDir.create(run.path.name, folder.name, root=run.path.parent, resume=resume,
+                        overwrite=cfg.resume and not resume)  # fmt: skip
+    result = train_one(sub, cfg, data, seed, name == "pretrained", device, resume=resume)
+    write_summary(done, result)
+    return result
+
+
 def _mean_std(values: list[float]) -> str:
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
@@ -247,7 +271,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     if data.targets is None:
         raise ValueError(f"data {cfg.data!r} has no targets; name them with --target")
-    run = open_run(cfg.out, "finetune")
+    if cfg.resume:  # the sub-runs hold the checkpoints: the folder itself must exist
+        if cfg.out is None or not (cfg.out / "config.json").is_file():
+            raise ValueError("--resume needs --out, the folder of the finetune run to continue")
+        run = RunDir(cfg.out.resolve())
+    else:
+        run = open_run(cfg.out, "finetune")
     save_config(cfg, run.path)
     write_skipped(data, run.path / "skipped.csv")
     inits = (["pretrained"] if cfg.encoder is not None else []) + (
@@ -256,8 +285,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in inits}
     for seed in cfg.seeds:
         for name in inits:
-            sub = RunDir.create(run.path.name, f"{name}-seed{seed}", root=run.path.parent)
-            results[name].append(train_one(sub, cfg, data, seed, name == "pretrained", device))
+            results[name].append(_sub_run(run, cfg, data, seed, name, device))
     summary: dict[str, Any] = {
         "data": data.name, "molecules": len(data.graphs), "skipped": len(data.skipped),
         "seeds": list(cfg.seeds),

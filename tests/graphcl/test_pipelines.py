@@ -159,6 +159,34 @@ def test_finetune_keeps_a_last_batch_of_one_molecule(tmp_path: Path) -> None:
     assert summary["scratch/final_rmse"] > 0
 
 
+def test_finetune_resume_keeps_finished_runs_and_continues_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = [*TINY[:6], "--data", "freesolv", "--epochs", "2", "--seeds", "0", "1",
+            "--out", str(tmp_path / "ft")]  # fmt: skip
+    whole = finetune.main([*argv[:-1], str(tmp_path / "whole")])
+    calls = iter(range(1, 10**6))
+    step = finetune._step
+
+    def crashing(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        if next(calls) == 17 * 2 + 20:  # seed 1, in its second epoch (17 batches per epoch)
+            raise RuntimeError("preempted")
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(finetune, "_step", crashing)
+    with pytest.raises(RuntimeError, match="preempted"):
+        finetune.main(argv)
+    monkeypatch.setattr(finetune, "_step", step)
+    assert (tmp_path / "ft" / "scratch-seed0" / "result.json").is_file()
+    assert (
+        load_checkpoint(tmp_path / "ft" / "scratch-seed1" / "checkpoints" / "last.pt")["step"] == 17
+    )
+    resumed = finetune.main([*argv, "--resume"])
+    assert resumed == {**whole}
+    with pytest.raises(ValueError, match="--resume needs --out"):
+        finetune.main([*TINY[:6], "--resume"])
+
+
 def test_augment_draws_every_view(tmp_path: Path) -> None:
     result = augment_cmd.main(["--smiles", "C", "--out", str(tmp_path / "aug")])  # methane
     assert Path(result["drawing"]).is_file() and result["atoms"] == [1, 1, 1, 1, 1]
