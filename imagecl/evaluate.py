@@ -5,7 +5,9 @@ un-augmented images, an L2-regularised logistic regression fit on the training s
 decay chosen on a held-out part of it, never on test) and scored once on the test split — the
 final number, never the best test epoch. kNN: the weighted cosine vote of InstDisc at k = 20
 and 200. Robustness: the fitted probe classifies corrupted test images (the CIFAR-10-C protocol,
-:mod:`imagecl.corruptions`), accuracy per corruption and severity and the mean over all.
+:mod:`imagecl.corruptions`), accuracy per corruption and severity and the mean over all. Adversarial robustness: the same probe on top of the frozen
+encoder, attacked end to end (pixels → normalise → encoder → probe) with FGSM or PGD under an
+L∞ budget ε in [0, 1] pixel units (:mod:`imagecl.attacks`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from imagecl.attacks import fgsm_contrastive, pgd_contrastive
 from imagecl.augment import SimCLRViews, to_float
 from imagecl.corruptions import CORRUPTIONS, corrupt
 from imagecl.data import ImageData, images_and_labels
@@ -38,8 +41,12 @@ __all__ = [
     "encode",
     "evaluate_encoder",
     "main",
+    "make_monitor",
     "probe_with_labels_per_class",
+    "robust_accuracy",
 ]
+
+Attack = Literal["fgsm", "pgd"]
 
 # Below this mean per-dimension std of the L2-normalised features, every image maps to nearly
 # the same point: the representation has collapsed (REFERENCES: lr 0.5 without warm-up does it
@@ -120,6 +127,67 @@ def corruption_accuracy(
     return result
 
 
+def robust_accuracy(
+    encoder: nn.Module,
+    probe: FittedProbe,
+    data: ImageData,
+    *,
+    device: torch.device,
+    attack: Attack,
+    eps: float,
+    steps: int = 10,
+    seed: int = 0,
+    batch_size: int = 256,
+) -> float:
+    """Accuracy of ``probe`` on the frozen encoder under an L∞ attack on the test images.
+
+    The classifier is composed end to end and differentiable: pixels in [0, 1] → ``(x - mean)
+    / std`` with ``data.mean``/``data.std`` → ``encoder`` (eval mode, restored afterwards) →
+    ``probe.logits``. The attack maximises its cross-entropy with the true labels: one FGSM
+    step of ``eps``, or PGD with ``steps`` steps of 2.5 ε / steps and a random start (Madry et
+    al. 2018) drawn from a CPU generator seeded with ``seed`` (the same start on every device).
+    ``eps`` is in [0, 1] pixel units (2/255 ≈ 0.0078 is a common CIFAR budget for such
+    evaluations); ``eps = 0`` gives the clean accuracy.
+    """
+    if attack not in ("fgsm", "pgd"):
+        raise ValueError(f"attack must be 'fgsm' or 'pgd', got {attack!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    images, labels = images_and_labels(data.test)
+    if labels.numel() == 0:
+        raise ValueError(f"data set {data.name!r} has no test images to attack")
+    mean = torch.tensor(data.mean, device=device)[:, None, None]  # (C, 1, 1)
+    std = torch.tensor(data.std, device=device)[:, None, None]  # (C, 1, 1)
+    head = FittedProbe(*(t.to(device) for t in probe))
+    generator = torch.Generator().manual_seed(seed)
+
+    def classify(x: Tensor) -> Tensor:
+        return head.logits(encoder((x - mean) / std))  # (B, K)
+
+    was_training = encoder.training
+    encoder.eval()
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    try:
+        for chunk, chunk_y in zip(
+            torch.split(images, batch_size), torch.split(labels, batch_size), strict=True
+        ):
+            x = chunk.to(device).float().div_(255)  # (B, C, H, W) in [0, 1]
+            y = chunk_y.to(device)  # (B,)
+
+            def loss_fn(x_adv: Tensor, y: Tensor = y) -> Tensor:
+                return F.cross_entropy(classify(x_adv).float(), y)
+
+            if attack == "fgsm":
+                x_adv = fgsm_contrastive(loss_fn, x, eps=eps)
+            else:
+                x_adv = pgd_contrastive(loss_fn, x, eps=eps, steps=steps, generator=generator)
+            with torch.no_grad():
+                correct += (classify(x_adv).argmax(dim=1) == y).sum()
+    finally:
+        encoder.train(was_training)
+    return int(correct) / labels.numel()
+
+
 def probe_with_labels_per_class(
     train_h: Tensor,
     train_y: Tensor,
@@ -161,13 +229,17 @@ def evaluate_encoder(
     corruptions: Sequence[str] = (),
     severities: Sequence[int] = (1, 2, 3, 4, 5),
     views: SimCLRViews | None = None,
+    attack: Attack | None = None,
+    eps: float = 2 / 255,
+    attack_steps: int = 10,
 ) -> dict[str, Any]:
     """Every number of ``imagecl eval`` for a frozen encoder; accuracies are fractions.
 
     Keys: ``linear_probe_accuracy``, ``knn{k}_accuracy``, ``feature_std``, with ``views``
     also ``alignment``/``uniformity`` (two augmented views of each test image),
-    ``probe_{n}_per_class_accuracy``, and with ``corruptions`` a nested ``corruptions`` table
-    plus ``corruption_mean_accuracy``.
+    ``probe_{n}_per_class_accuracy``, with ``corruptions`` a nested ``corruptions`` table
+    plus ``corruption_mean_accuracy``, and with ``attack`` ``{attack}_robust_accuracy``: the
+    probe under that attack with budget ``eps`` (pixel units; :func:`robust_accuracy`).
     """
     if data.num_classes < 2 or len(data.test) == 0:
         raise ValueError(f"data set {data.name!r} has no labelled test split to evaluate on")
@@ -178,6 +250,12 @@ def evaluate_encoder(
     out: dict[str, Any] = {"feature_std": check_not_collapsed(test_h, "evaluation")}
     probe = linear_probe(train_h, train_y, test_h, test_y, seed=seed)
     out["linear_probe_accuracy"] = probe.accuracy
+    if attack is not None:
+        assert probe.model is not None
+        out[f"{attack}_robust_accuracy"] = robust_accuracy(
+            encoder, probe.model, data, device=device, attack=attack, eps=eps,
+            steps=attack_steps, seed=seed,
+        )  # fmt: skip
     for k in knn_k:
         k_used = min(k, train_h.shape[0])
         out[f"knn{k}_accuracy"] = knn_probe(train_h, train_y, test_h, test_y, k=k_used)
@@ -219,6 +297,30 @@ def encode_float(encoder: nn.Module, x: Tensor, batch_size: int = 512) -> Tensor
         encoder.train(was_training)
 
 
+def make_monitor(cfg: Any, data: ImageData, device: torch.device, max_images: int = 5000) -> Any:
+    """The loop's ``evaluate``: kNN accuracy (k = 20) of h on the test split, and a collapse
+    check (a clear error when every image maps to the same point)."""
+    if data.num_classes < 2 or len(data.test) == 0:
+        return None
+    train_x, train_y = images_and_labels(data.train)
+    test_x, test_y = images_and_labels(data.test)
+    train_x, train_y, test_x, test_y = (
+        train_x[:max_images], train_y[:max_images], test_x[:max_images], test_y[:max_images]
+    )  # fmt: skip
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        backbone = model.backbone
+        assert isinstance(backbone, nn.Module)
+        train_h = encode(backbone, train_x, data.mean, data.std, device=device)
+        test_h = encode(backbone, test_x, data.mean, data.std, device=device)
+        spread = check_not_collapsed(test_h, f"imagecl train ({cfg.method})")
+        k = min(20, train_h.shape[0])
+        accuracy = knn_probe(train_h, train_y, test_h, test_y, k=k)
+        return {"knn20_acc": accuracy, "feature_std": spread}
+
+    return evaluate
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Evaluate a trained encoder: linear probe, kNN, alignment/uniformity, corruptions."""
@@ -230,6 +332,12 @@ class EvalConfig:
     severities: tuple[int, ...] = (1, 2, 3, 4, 5)
     labels_per_class: tuple[int, ...] = (1, 5, 10)  # the low-label regime of the probe
     knn_k: tuple[int, ...] = (20, 200)
+    attack: Attack | None = None  # probe accuracy under an L∞ attack on the frozen encoder
+    eps: float = field(
+        default=2 / 255,
+        metadata={"help": "attack budget in [0, 1] pixel units (0.00784 = 2/255, 0.0314 = 8/255)"},
+    )
+    attack_steps: int = 10  # PGD steps (Madry et al.: step size 2.5 eps / steps)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
@@ -238,6 +346,10 @@ class EvalConfig:
             raise ValueError(f"severities must lie in 1..5, got {self.severities}")
         if any(n < 1 for n in (*self.labels_per_class, *self.knn_k)):
             raise ValueError("labels_per_class and knn_k must be >= 1")
+        if not (math.isfinite(self.eps) and 0.0 <= self.eps <= 1.0):
+            raise ValueError(f"eps must lie in [0, 1] (pixel units), got {self.eps}")
+        if self.attack_steps < 1:
+            raise ValueError(f"attack_steps must be >= 1, got {self.attack_steps}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -260,6 +372,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model.backbone, data, device=device, seed=cfg.seed, knn_k=cfg.knn_k,
         labels_per_class=cfg.labels_per_class, views=views,
         corruptions=CORRUPTIONS if cfg.corruptions else (), severities=cfg.severities,
+        attack=cfg.attack, eps=cfg.eps, attack_steps=cfg.attack_steps,
     )  # fmt: skip
     table = numbers.pop("corruptions", None)
     summary = {"method": trained_cfg.method, "data": trained_cfg.data, **numbers}
@@ -268,6 +381,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plot_tsne(test_h, test_y, run.plots / "tsne_h.png", seed=cfg.seed, num_threads=1)
     save_views_grid(views, data, run.plots / "views.png", seed=cfg.seed, device=device)
     sections = {"Protocol": PROTOCOL}
+    if cfg.attack is not None:
+        sections["Adversarial robustness"] = attack_section(
+            cfg.attack, cfg.eps, cfg.attack_steps, clean=numbers["linear_probe_accuracy"],
+            robust=numbers[f"{cfg.attack}_robust_accuracy"],
+        )  # fmt: skip
     if table is not None:
         plot_severity(
             table, run.plots / "corruption_accuracy.png", clean=numbers["linear_probe_accuracy"]
@@ -288,6 +406,21 @@ PROTOCOL = (
     "class-balanced and seeded. Corruptions: the fitted probe on corrupted test images, "
     "severities 1-5 with the CIFAR-10-C parameters."
 )
+
+
+def attack_section(attack: Attack, eps: float, steps: int, *, clean: float, robust: float) -> str:
+    """Markdown: the attack's settings and the probe's clean and robust accuracy."""
+    how = (
+        "one FGSM step"
+        if attack == "fgsm"
+        else f"PGD, {steps} steps of 2.5 ε / {steps}, random start in the ε-ball"
+    )
+    return (
+        f"L∞ attack on the test images, ε = {eps:.5g} in [0, 1] pixel units ({255 * eps:.3g}/255), "
+        f"{how}, maximising the cross-entropy of the linear probe on the frozen encoder "
+        f"(pixels → normalise → encoder → probe, eval mode). Accuracy: clean "
+        f"{100 * clean:.1f} %, under attack {100 * robust:.1f} %."
+    )
 
 
 def corruption_table(table: dict[str, dict[int, float]]) -> str:

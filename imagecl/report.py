@@ -5,18 +5,29 @@ from __future__ import annotations
 import csv
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from imagecl.augment import SimCLRViews
 from imagecl.data import ImageData, images_and_labels
-from shared.plots import plot_loss_curves, save_image_grid
-from shared.runs import RunDir
+from imagecl.evaluate import encode, evaluate_encoder
+from imagecl.models import ImageModel
+from shared.checkpoint import export_encoder
+from shared.plots import plot_loss_curves, plot_tsne, save_image_grid
+from shared.runs import RunDir, write_report, write_summary
 from shared.runs import open_run as shared_open_run
-from shared.runtime import SINGLE_PROCESS, DistEnv
+from shared.runtime import SINGLE_PROCESS, DistEnv, unwrap
 
-__all__ = ["open_run", "plot_training_curves", "save_views_grid", "unnormalize"]
+__all__ = [
+    "describe_run",
+    "finish_run",
+    "open_run",
+    "plot_training_curves",
+    "save_views_grid",
+    "unnormalize",
+]
 
 # metrics.csv columns worth a panel, in this order, when present
 CURVES = ("loss", "contrastive_loss", "train_acc", "probe_acc", "classifier_acc", "knn20_acc")
@@ -78,3 +89,42 @@ def save_views_grid(
     scale = max(1, 96 // grid.shape[-1])
     grid = torch.nn.functional.interpolate(grid, scale_factor=scale, mode="nearest")
     return save_image_grid(grid.cpu(), path, nrow=images.shape[0])
+
+
+def finish_run(
+    run: RunDir, cfg: Any, built: Any, steps: int, device: torch.device
+) -> dict[str, Any]:
+    """Export the encoder, evaluate it, plot, and write ``summary.json`` and ``report.md``."""
+    model = unwrap(built.model)
+    assert isinstance(model, ImageModel)
+    export_encoder(
+        model.backbone, run.path / "encoder.safetensors",
+        metadata={"backbone": cfg.backbone, "method": cfg.method, "data": cfg.data},
+    )  # fmt: skip
+    summary: dict[str, Any] = {"method": cfg.method, "data": cfg.data, "steps": steps}
+    data = built.data
+    if data.num_classes >= 2 and len(data.test):
+        numbers = evaluate_encoder(model.backbone, data, device=device, seed=cfg.seed)
+        summary.update(numbers)
+        test_x, test_y = images_and_labels(data.test)
+        test_h = encode(model.backbone, test_x, data.mean, data.std, device=device)
+        plot_tsne(test_h, test_y, run.plots / "tsne_h.png", seed=cfg.seed, num_threads=1)
+    plot_training_curves(run)
+    save_views_grid(built.views, data, run.plots / "views.png", seed=cfg.seed, device=device)
+    write_summary(run.summary_path, summary)
+    write_report(
+        run, f"imagecl train: {cfg.method} on {cfg.data}",
+        {"Run": describe_run(cfg, data)}, summary=summary,
+    )  # fmt: skip
+    return summary
+
+
+def describe_run(cfg: Any, data: ImageData) -> str:
+    return (
+        f"{cfg.method} with a {cfg.backbone} backbone on {data.name} ({len(data.train)} train / "
+        f"{len(data.test)} test images, {data.channels}×{data.image_size}×{data.image_size}), "
+        f"batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr}, τ = {cfg.tau}, "
+        f"{cfg.num_views} view(s) per image ({cfg.augment_preset(data.channels)} augmentation). "
+        "The linear probe is fit on frozen h of the training split (weight decay chosen on a "
+        "held-out part of it) and scored once on the test split."
+    )

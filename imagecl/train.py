@@ -11,6 +11,9 @@ only in the loss of :func:`train_step`:
   classifier on frozen h, the joint variant (``--joint-classifier``) trains a classifier on
   stop-gradient h alongside.
 * ``ce``: the same backbone and augmentation (one view) with a linear classifier, end to end.
+* ``clae`` (Ho & Vasconcelos 2020) = ``simclr`` + ``--adversarial``: an adversarial view from
+  the first one (:mod:`imagecl.clae`) adds α·L(f(x1), f(x_adv)); ``--adversarial`` does the same
+  for SupCon.
 
 An online linear probe on detached h (its own parameter group, no weight decay) reports
 ``probe_acc`` as training goes. LARS (or SGD/Adam) with linear learning-rate scaling
@@ -31,17 +34,16 @@ from torch import Tensor, nn
 
 from imagecl.augment import PRESETS, SimCLRViews
 from imagecl.backbones import build_backbone, to_channels_last
-from imagecl.data import DATASETS, ImageData, collate_uint8, images_and_labels, load_data
-from imagecl.evaluate import check_not_collapsed, encode, evaluate_encoder
-from imagecl.models import HEADS, ImageModel, build_head
-from imagecl.report import open_run, plot_training_curves, save_views_grid
-from shared.checkpoint import export_encoder, load_checkpoint
+from imagecl.clae import adversarial_view, pair_loss
+from imagecl.data import DATASETS, ImageData, collate_uint8, load_data
+from imagecl.dual_bn import adversarial_rows, convert_dual_bn
+from imagecl.evaluate import make_monitor
+from imagecl.models import HEADS, ImageModel, ModelOutput, build_head
+from imagecl.report import finish_run, open_run
+from shared.checkpoint import load_checkpoint
 from shared.config import load_config, parse_config, save_config
 from shared.losses import MemoryQueue, nt_xent_loss, supcon_loss, two_view_info_nce_loss
 from shared.optim import LARS, lars_param_groups, warmup_cosine_schedule
-from shared.plots import plot_tsne
-from shared.probes import knn_probe
-from shared.runs import RunDir, write_report, write_summary
 from shared.runtime import (
     SINGLE_PROCESS,
     DistEnv,
@@ -58,7 +60,7 @@ from shared.train import LoopConfig, fit
 
 __all__ = ["QUICK", "Built", "Config", "build", "main", "train_step"]
 
-Method = Literal["simclr", "supcon", "ce"]
+Method = Literal["simclr", "supcon", "ce", "clae"]
 DataName = Literal["digits", "digits-m", "cifar10", "cifar100", "stl10", "imagefolder", "unlabeled"]
 Backbone = Literal["resnet18", "resnet50", "small_cnn"]
 Head = Literal["mlp", "mlp3", "linear", "none"]
@@ -96,6 +98,11 @@ class Config:
     temperature: float | None = None  # None: 0.5 for simclr, 0.1 for supcon
     variant: Literal["out", "in"] = "out"  # SupCon's L_out (the better one) or L_in
     joint_classifier: bool = False  # SupCon: a classifier on stop-gradient h alongside
+    adversarial: bool = False  # CLAE on SimCLR/SupCon (method clae = simclr + this)
+    adv_alpha: float = 1.0  # CLAE: loss = L(x1, x2) + α·L(x1, x_adv), α = 1
+    adv_eps: float = 0.015  # in [0, 1] pixel units (CLAE's 0.03 is in normalised units)
+    adv_steps: int = 1  # 1: FGSM, as CLAE; more: PGD
+    adv_bn: bool = True  # a separate adversarial batch-norm branch (momentum 0.01)
     queue_size: int = 0  # SimCLR: K past keys as extra negatives (0: none)
     online_probe: bool = True
     probe_lr: float = 0.1  # the online probe's own lr (SGD-style; no weight decay)
@@ -126,11 +133,18 @@ class Config:
             raise ValueError(f"augment must be 'auto' or one of {sorted(PRESETS)}")
         if self.head not in HEADS:
             raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
-        if self.queue_size and self.method != "simclr":
+        if self.adversarial and self.method not in ("simclr", "supcon", "clae"):
+            raise ValueError("adversarial applies to methods simclr and supcon (clae is simclr)")
+        if not self.adv_eps >= 0 or self.adv_steps < 1 or not self.adv_alpha >= 0:
+            raise ValueError(
+                f"need adv_eps >= 0, adv_steps >= 1, adv_alpha >= 0; got {self.adv_eps}, "
+                f"{self.adv_steps}, {self.adv_alpha}"
+            )
+        if self.queue_size and self.method not in ("simclr", "clae"):
             raise ValueError("queue_size applies to method simclr only")
         if self.joint_classifier and self.method != "supcon":
             raise ValueError("joint_classifier applies to method supcon only")
-        if self.method == "simclr" and self.views != 2:
+        if self.method in ("simclr", "clae") and self.views != 2:
             raise ValueError("simclr contrasts exactly 2 views (NT-Xent); use supcon for more")
         if self.data not in DATASETS:
             raise ValueError(f"data must be one of {DATASETS}, got {self.data!r}")
@@ -140,7 +154,22 @@ class Config:
         """The temperature in use (the method's default unless set)."""
         if self.temperature is not None:
             return self.temperature
-        return DEFAULT_TEMPERATURE.get(self.method, 1.0)
+        return DEFAULT_TEMPERATURE.get(self.base_method, 1.0)
+
+    def augment_preset(self, channels: int) -> str:
+        """The augmentation preset in use: ``augment``, or by the channel count when auto."""
+        if self.augment != "auto":
+            return self.augment
+        return "small_gray" if channels == 1 else "simclr_cifar"
+
+    @property
+    def base_method(self) -> str:
+        """The loss family: clae is SimCLR with adversarial views."""
+        return "simclr" if self.method == "clae" else self.method
+
+    @property
+    def is_adversarial(self) -> bool:
+        return self.adversarial or self.method == "clae"
 
     @property
     def num_views(self) -> int:
@@ -177,12 +206,6 @@ class Built(NamedTuple):
     data: ImageData
 
 
-def _preset(cfg: Config, channels: int) -> str:
-    if cfg.augment != "auto":
-        return cfg.augment
-    return "small_gray" if channels == 1 else "simclr_cifar"
-
-
 def build_model(cfg: Config, data: ImageData) -> ImageModel:
     """The model of ``cfg`` for ``data``'s channels and classes (identical on every rank when
     seeded the same way before the call)."""
@@ -190,7 +213,7 @@ def build_model(cfg: Config, data: ImageData) -> ImageModel:
         cfg.backbone, in_channels=data.channels, cifar_stem=cfg.cifar_stem, width=cfg.width
     )
     labelled = data.num_classes >= 2
-    if cfg.method != "simclr" and not labelled:
+    if cfg.base_method != "simclr" and not labelled:
         raise ValueError(f"method {cfg.method} needs labels; data set {data.name!r} has none")
     head = None if cfg.method == "ce" else build_head(cfg.head, backbone.feature_dim, cfg.head_dim)
     classifier: Literal["none", "end_to_end", "detached"] = "none"
@@ -202,6 +225,8 @@ def build_model(cfg: Config, data: ImageData) -> ImageModel:
     if cfg.queue_size:
         dim = backbone.feature_dim if cfg.head == "none" else cfg.head_dim
         queue = MemoryQueue(cfg.queue_size, dim)
+    if cfg.is_adversarial and cfg.adv_bn:
+        convert_dual_bn(backbone)  # CLAE's separate batch norm for adversarial rows
     return ImageModel(
         backbone, head=head, num_classes=data.num_classes, classifier=classifier,
         online_probe=cfg.online_probe and labelled, queue=queue,
@@ -247,7 +272,7 @@ def build(
     if cfg.compile:
         model.backbone = torch.compile(model.backbone)  # type: ignore[assignment]
     seed_everything(cfg.seed, rank=env.rank)  # each rank its own augmentations from here on
-    dataset = data.pretrain if cfg.method == "simclr" else data.train
+    dataset = data.pretrain if cfg.base_method == "simclr" else data.train
     if len(dataset) < cfg.batch_size:
         raise ValueError(
             f"batch_size {cfg.batch_size} is larger than the {len(dataset)} training images of "
@@ -265,7 +290,7 @@ def build(
     warmup = min(round(cfg.warmup_epochs * steps_per_epoch), total - 1)
     scheduler = warmup_cosine_schedule(optimizer, warmup_steps=warmup, total_steps=total)
     views = SimCLRViews(
-        data.image_size, data.mean, data.std, _preset(cfg, data.channels), views=cfg.num_views
+        data.image_size, data.mean, data.std, cfg.augment_preset(data.channels), views=cfg.num_views
     )
     return Built(wrap_ddp(model, env), views, optimizer, scheduler, loader, data)
 
@@ -292,7 +317,17 @@ def train_step(
     N = images.shape[0]
     x = views(images)  # (N, V, C, S, S) normalised float, augmented on the device
     V = x.shape[1]
-    out = model(x.flatten(0, 1))  # rows n·V + v
+    rows = x.flatten(0, 1)  # (N·V, C, S, S), row n·V + v
+    adv = 0
+    if cfg.is_adversarial:  # CLAE: x_adv rows after the views, through their own BN branch
+        inner = unwrap(model)
+        x_adv = adversarial_view(inner, x[:, 0], labels, cfg=cfg, mean=views.mean, std=views.std)
+        rows, adv = torch.cat([rows, x_adv]), N  # (N·V + N, C, S, S)
+    with adversarial_rows(unwrap(model), adv if cfg.adv_bn else 0):
+        full = model(rows)  # one forward for clean and adversarial rows
+    out = ModelOutput(
+        full.h[: N * V], *(None if t is None else t[: N * V] for t in full[1:])
+    )  # the clean rows; ModelOutput fields after h are optional
     y = labels.repeat_interleave(V)  # (N·V,)
     metrics: dict[str, Tensor] = {}
     if cfg.method == "ce":
@@ -301,11 +336,16 @@ def train_step(
     else:
         assert out.z is not None
         z = out.z.view(N, V, -1)  # (N, V, D)
-        if cfg.method == "simclr":
+        if cfg.base_method == "simclr":
             loss = _simclr_loss(unwrap(model), z, cfg.tau, gather)
         else:
             loss = supcon_loss(z, labels, temperature=cfg.tau, variant=cfg.variant, gather=gather)
         metrics["contrastive_loss"] = loss.detach()
+        if adv:
+            assert full.z is not None
+            adv_loss = pair_loss(cfg, z[:, 0], full.z[N * V :], labels, gather)
+            metrics["adversarial_loss"] = adv_loss.detach()
+            loss = loss + cfg.adv_alpha * adv_loss
         metrics["z_std"] = F.normalize(z.detach().float(), dim=-1).flatten(0, 1).std(0).mean()
         if out.logits is not None:  # SupCon's joint classifier on stop-gradient h
             classifier_loss, metrics["classifier_acc"] = _masked_cross_entropy(out.logits, y)
@@ -327,30 +367,6 @@ def _simclr_loss(model: nn.Module, z: Tensor, temperature: float, gather: bool) 
     )
     queue.enqueue(z.detach().flatten(0, 1))  # (2N, D) of every rank join the queue
     return loss
-
-
-def make_monitor(cfg: Config, data: ImageData, device: torch.device, max_images: int = 5000) -> Any:
-    """The loop's ``evaluate``: kNN accuracy (k = 20) of h on the test split, and a collapse
-    check (a clear error when every image maps to the same point)."""
-    if data.num_classes < 2 or len(data.test) == 0:
-        return None
-    train_x, train_y = images_and_labels(data.train)
-    test_x, test_y = images_and_labels(data.test)
-    train_x, train_y, test_x, test_y = (
-        train_x[:max_images], train_y[:max_images], test_x[:max_images], test_y[:max_images]
-    )  # fmt: skip
-
-    def evaluate(model: nn.Module) -> dict[str, float]:
-        backbone = model.backbone
-        assert isinstance(backbone, nn.Module)
-        train_h = encode(backbone, train_x, data.mean, data.std, device=device)
-        test_h = encode(backbone, test_x, data.mean, data.std, device=device)
-        spread = check_not_collapsed(test_h, f"imagecl train ({cfg.method})")
-        k = min(20, train_h.shape[0])
-        accuracy = knn_probe(train_h, train_y, test_h, test_y, k=k)
-        return {"knn20_acc": accuracy, "feature_std": spread}
-
-    return evaluate
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -381,45 +397,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return summary
     finally:
         cleanup_distributed()
-
-
-def finish_run(
-    run: RunDir, cfg: Config, built: Built, steps: int, device: torch.device
-) -> dict[str, Any]:
-    """Export the encoder, evaluate it, plot, and write ``summary.json`` and ``report.md``."""
-    model = unwrap(built.model)
-    assert isinstance(model, ImageModel)
-    export_encoder(
-        model.backbone, run.path / "encoder.safetensors",
-        metadata={"backbone": cfg.backbone, "method": cfg.method, "data": cfg.data},
-    )  # fmt: skip
-    summary: dict[str, Any] = {"method": cfg.method, "data": cfg.data, "steps": steps}
-    data = built.data
-    if data.num_classes >= 2 and len(data.test):
-        numbers = evaluate_encoder(model.backbone, data, device=device, seed=cfg.seed)
-        summary.update(numbers)
-        test_x, test_y = images_and_labels(data.test)
-        test_h = encode(model.backbone, test_x, data.mean, data.std, device=device)
-        plot_tsne(test_h, test_y, run.plots / "tsne_h.png", seed=cfg.seed, num_threads=1)
-    plot_training_curves(run)
-    save_views_grid(built.views, data, run.plots / "views.png", seed=cfg.seed, device=device)
-    write_summary(run.summary_path, summary)
-    write_report(
-        run, f"imagecl train: {cfg.method} on {cfg.data}",
-        {"Run": describe_run(cfg, data)}, summary=summary,
-    )  # fmt: skip
-    return summary
-
-
-def describe_run(cfg: Config, data: ImageData) -> str:
-    return (
-        f"{cfg.method} with a {cfg.backbone} backbone on {data.name} ({len(data.train)} train / "
-        f"{len(data.test)} test images, {data.channels}×{data.image_size}×{data.image_size}), "
-        f"batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr}, τ = {cfg.tau}, "
-        f"{cfg.num_views} view(s) per image ({_preset(cfg, data.channels)} augmentation). "
-        "The linear probe is fit on frozen h of the training split (weight decay chosen on a "
-        "held-out part of it) and scored once on the test split."
-    )
 
 
 def load_trained(
