@@ -5,9 +5,10 @@ un-augmented images, an L2-regularised logistic regression fit on the training s
 decay chosen on a held-out part of it, never on test) and scored once on the test split — the
 final number, never the best test epoch. kNN: the weighted cosine vote of InstDisc at k = 20
 and 200. Robustness: the fitted probe classifies corrupted test images (the CIFAR-10-C protocol,
-:mod:`imagecl.corruptions`), accuracy per corruption and severity and the mean over all. Adversarial robustness: the same probe on top of the frozen
-encoder, attacked end to end (pixels → normalise → encoder → probe) with FGSM or PGD under an
-L∞ budget ε in [0, 1] pixel units (:mod:`imagecl.attacks`).
+:mod:`imagecl.corruptions`), accuracy per corruption and severity and the mean over all.
+Adversarial robustness: the same probe on top of the frozen encoder, attacked end to end
+(pixels → normalise → encoder → probe) with FGSM or PGD under an L∞ budget ε in [0, 1] pixel
+units (:mod:`imagecl.attacks`).
 """
 
 from __future__ import annotations
