@@ -1,0 +1,152 @@
+"""Peak training memory of end-to-end SimCLR, GIM and LoCo: fit's single backward vs per-unit.
+
+    python benchmarks/loco_memory.py                 # CPU: small_cnn and resnet18, 256 images
+    python benchmarks/loco_memory.py --device cuda --batch 512
+    python benchmarks/loco_memory.py --backbones small_cnn --batch 64
+
+One training step — the forward of both views stacked (2 × ``--batch`` rows of 32×32) and the
+backward — of one backbone (the same initial weights every time) trained as end-to-end SimCLR,
+GIM (overlap 0) and LoCo (overlap 1), 4 stages, 128-d heads, through two paths of
+:mod:`imagecl.loco`:
+
+(a) ``loco_train_step`` and one backward of its total loss, what ``shared.train.fit`` runs;
+(b) ``local_backward_step``, which back-propagates each unit's loss as soon as it exists.
+
+Peak memory is the allocator's high-water mark above the start of the step (CPU: the torch
+profiler's memory events, as in benchmarks/losses.py; CUDA: ``torch.cuda.max_memory_allocated``).
+Gradients are set to ``None`` before each measured step, so their allocation counts alike in
+every row. The views are drawn once (SimCLR's CIFAR recipe), outside the measurement. The time
+is one un-profiled step after the measured one: a rough figure, not a benchmark of speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.losses import peak_memory
+from imagecl.augment import SimCLRViews
+from imagecl.backbones import build_backbone
+from imagecl.loco import LoCoModel, local_backward_step, loco_train_step
+
+TAU = 0.5  # SimCLR's CIFAR temperature
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)  # CIFAR-10
+METHODS: dict[str, dict[str, Any]] = {
+    "end-to-end": {"end_to_end": True},
+    "GIM (overlap 0)": {"overlap": 0},
+    "LoCo (overlap 1)": {"overlap": 1},
+}
+Batch = tuple[Tensor, Tensor]
+
+
+def single_backward(model: LoCoModel, batch: Batch, views: Callable[[Tensor], Tensor]) -> None:
+    """Path (a): one total loss, one backward (as ``fit`` does)."""
+    out = loco_train_step(model, batch, views=views, temperature=TAU, gather=False)
+    torch.autograd.backward(out["loss"])
+
+
+def per_unit_backward(model: LoCoModel, batch: Batch, views: Callable[[Tensor], Tensor]) -> None:
+    """Path (b): each unit back-propagated as soon as its loss is computed."""
+    local_backward_step(model, batch, views=views, temperature=TAU)
+
+
+PATHS = {"(a) single backward": single_backward, "(b) per-unit backward": per_unit_backward}
+
+
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """High-water mark of allocations while ``fn`` runs, above what was allocated at its start."""
+    if device.type != "cuda":
+        return peak_memory(fn)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - start
+
+
+def seconds(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def bench_backbone(name: str, batch_size: int, device: torch.device) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    backbone = build_backbone(name, width=32, cifar_stem=True)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (batch_size, 3, 32, 32), dtype=torch.uint8, generator=g)
+    batch = (images.to(device), torch.zeros(batch_size, dtype=torch.long, device=device))
+    x: Tensor = SimCLRViews(32, MEAN, STD, "simclr_cifar").to(device)(batch[0])  # (N, 2, 3, 32, 32)
+
+    def views(_: Tensor) -> Tensor:
+        return x  # the same views for every row
+
+    rows = []
+    for method, kwargs in METHODS.items():
+        torch.manual_seed(1)  # the same heads for every path
+        model = LoCoModel(copy.deepcopy(backbone), **kwargs).to(device).train()
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        for path, step in PATHS.items():
+            run = lambda step=step, model=model: step(model, batch, views)  # noqa: E731
+            model.zero_grad(set_to_none=True)
+            gc.collect()
+            peak = peak_bytes(run, device)
+            model.zero_grad(set_to_none=True)
+            secs = seconds(run, device)
+            model.zero_grad(set_to_none=True)
+            rows.append(
+                {"backbone": name, "method": method, "path": path, "peak_mib": peak / 2**20,
+                 "params_mib": params / 2**20, "seconds": secs}
+            )  # fmt: skip
+            print(f"  {name:9} {method:17} {path:22} {peak / 2**20:9.1f} MiB", flush=True)
+        del model
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"\n{'backbone':9} {'method':17} {'path':22} {'peak MiB':>9} {'× e2e (a)':>9} "
+          f"{'params MiB':>10} {'s/step':>7}")  # fmt: skip
+    for name in dict.fromkeys(r["backbone"] for r in rows):
+        group = [r for r in rows if r["backbone"] == name]
+        reference = next(r["peak_mib"] for r in group if r["method"] == "end-to-end")
+        for r in group:
+            print(
+                f"{name:9} {r['method']:17} {r['path']:22} {r['peak_mib']:9.1f} "
+                f"{r['peak_mib'] / reference:9.2f} {r['params_mib']:10.1f} {r['seconds']:7.2f}"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", type=int, default=256, help="images per step (2 views each)")
+    parser.add_argument("--backbones", nargs="+", default=["small_cnn", "resnet18"])
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    print(
+        f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, batch "
+        f"{args.batch} × 2 views of 32×32, fp32, 4 stages, one forward + backward"
+    )
+    rows: list[dict[str, Any]] = []
+    for name in args.backbones:
+        rows += bench_backbone(name, args.batch, device)
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,449 @@
+"""Local contrastive learning: LoCo (Xiong, Ren & Urtasun 2020) and Greedy InfoMax (overlap 0).
+
+The backbone is cut into stages (:func:`split_stages`). Each *local unit* runs some stages on an
+input detached from the previous unit's graph, pools, and contrasts its own projection
+(global average pool → Linear → ReLU → Linear, SimCLR v1's head) with NT-Xent:
+
+* ``overlap=0`` — Greedy InfoMax (Löwe et al. 2019): unit k is stage k. No gradient crosses a
+  stage boundary ("gradient isolation").
+* ``overlap=1`` — LoCo: unit k is stage k followed by stage k+1, which is *shared* with unit k+1
+  and acts as unit k's decoder; the last unit is the last stage alone. Stage k+1 therefore
+  learns from losses k and k+1, and unit k+1's loss reaches stage k+1 but never stage k, as the
+  unit's input is detached. LoCo's point is that this feedback from the upper unit closes most
+  of GIM's gap to end-to-end training.
+* ``end_to_end=True`` — one unit, the whole backbone with one head, nothing detached: SimCLR on
+  the same model, the baseline.
+
+The loss is Σ_k w_k · NT-Xent_k (unit weights ``w_k``, default 1; a sum, not a mean, so each
+stage gets the gradient its unit would get alone).
+
+Cost of the overlap: the shared stage k+1 runs twice per step, once in unit k on the attached
+output of stage k (so that loss k reaches stage k) and once in unit k+1 on the detached one (so
+that loss k+1 does not). One pass cannot give both, since the gradient into the input of a stage
+is that of *all* the losses downstream of its output. The first pass does not update batch-norm
+running statistics, so every batch-norm layer sees each batch once, as in end-to-end training.
+
+Memory — two training paths (measured by benchmarks/loco_memory.py):
+
+(a) :func:`loco_train_step`, the one that ``shared.train.fit`` runs: one forward, one total
+    loss, one ``backward`` by ``fit``. Correct gradients, DDP and AMP as for any model, but
+    autograd keeps *every* unit's activations until that backward: not local learning's memory
+    saving. On a CPU, batch 256 × 2 views of 32 px, ResNet-18 GIM peaks at 1.00× end-to-end
+    and LoCo at 1.43× (its second pass of each shared stage); small_cnn 0.73× and 1.06×.
+(b) :func:`local_backward_step`: each unit's loss is back-propagated as soon as it is computed,
+    so its activations are freed before the next unit runs; the peak is that of one unit (one
+    stage for GIM, two for LoCo) plus the unit's output, which the next unit needs. ResNet-18:
+    GIM 0.76×, LoCo 0.87× of end-to-end. It gains nothing where the first stage holds most of
+    the activations (small_cnn: GIM 0.90×, worse than (a), whose backward frees the upper units
+    before it reaches the first). Same gradients as (a) (tested), but it calls ``backward``
+    itself, so it does not fit ``fit``'s contract, and it is single-process only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from imagecl.backbones import ResNetBackbone, SmallCNN
+from shared.heads import simclr_v1_head
+from shared.losses import nt_xent_loss
+from shared.runtime import unwrap
+
+__all__ = [
+    "LoCoModel",
+    "LoCoOutput",
+    "LocalUnit",
+    "UnitOutput",
+    "local_backward_step",
+    "loco_loss",
+    "loco_train_step",
+    "split_stages",
+    "unstack_views",
+]
+
+Overlap = Literal[0, 1]
+# ResNet: stem + layer1, layer2, layer3, layer4 (the split of GIM and LoCo); SmallCNN: its blocks
+MAX_STAGES = 4
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _group_sizes(total: int, groups: int) -> list[int]:
+    """Sizes of ``groups`` contiguous groups of ``total`` items; the first ones take the rest."""
+    base, rest = divmod(total, groups)
+    return [base + (1 if i < rest else 0) for i in range(groups)]
+
+
+def split_stages(backbone: nn.Module, stages: int) -> list[nn.Module]:
+    """The backbone's stages, in order: modules that share the backbone's own layers (no copy).
+
+    ResNet (:class:`~imagecl.backbones.ResNetBackbone`): ``[stem + layer1, layer2, layer3,
+    layer4]`` for ``stages=4``, the split of GIM and LoCo; :class:`~imagecl.backbones.SmallCNN`:
+    its four conv-BN-ReLU blocks. Fewer stages merge neighbours into contiguous groups, the
+    earlier groups taking the extra stage (ResNet with 3: ``[stem..layer2, layer3, layer4]``).
+    Pooling is not part of a stage; the heads and :meth:`LoCoModel.readout` pool.
+
+    Shape:
+        stage k: ``(B, C_{k-1}, H_{k-1}, W_{k-1}) -> (B, C_k, H_k, W_k)``, ``C_{-1}`` the image's.
+    """
+    if not _is_int(stages) or not 1 <= stages <= MAX_STAGES:
+        raise ValueError(f"stages must be an int in [1, {MAX_STAGES}], got {stages!r}")
+    base: list[nn.Module]
+    if isinstance(backbone, ResNetBackbone):
+        r = backbone.resnet
+        stem = nn.Sequential(r.conv1, r.bn1, r.relu, r.maxpool, r.layer1)
+        base = [stem, r.layer2, r.layer3, r.layer4]
+    elif isinstance(backbone, SmallCNN):
+        blocks = backbone.features  # conv, BN, ReLU per block
+        base = [blocks[3 * i : 3 * i + 3] for i in range(MAX_STAGES)]
+    else:
+        raise ValueError(
+            f"split_stages supports ResNetBackbone and SmallCNN, got {type(backbone).__name__}"
+        )
+    out: list[nn.Module] = []
+    start = 0
+    for size in _group_sizes(MAX_STAGES, stages):
+        group = base[start : start + size]
+        out.append(group[0] if size == 1 else nn.Sequential(*group))
+        start += size
+    return out
+
+
+def _out_channels(stage: nn.Module) -> int:
+    """Channels of a stage's output: those of its last batch norm (or convolution)."""
+    for module in reversed(list(stage.modules())):
+        if isinstance(module, nn.BatchNorm2d):
+            return module.num_features
+        if isinstance(module, nn.Conv2d):
+            return module.out_channels
+    raise ValueError(f"cannot tell the output channels of stage {type(stage).__name__}")
+
+
+def _pool(fmap: Tensor) -> Tensor:
+    return fmap.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C): global average pooling
+
+
+def _decoder(channels: int, depth: int) -> nn.Module:
+    """``depth`` extra 3×3 conv-BN-ReLU layers before a unit's head (LoCo's deeper decoder)."""
+    if depth == 0:
+        return nn.Identity()
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+        layers += [conv, nn.BatchNorm2d(channels), nn.ReLU(inplace=True)]
+    return nn.Sequential(*layers)
+
+
+@contextlib.contextmanager
+def _running_stats_frozen(module: nn.Module) -> Iterator[None]:
+    """Batch norms inside use (train) or read (eval) their statistics as usual, updating nothing.
+
+    For the first pass of a shared stage: without it each step would update the shared stage's
+    running mean and variance twice, with the same batch statistics.
+    """
+    norms = [
+        m
+        for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
+    for norm in norms:
+        norm.track_running_stats = False
+    try:
+        yield
+    finally:
+        for norm in norms:
+            norm.track_running_stats = True
+
+
+class LocalUnit(NamedTuple):
+    """One local unit: what it runs between its (possibly detached) input and its head."""
+
+    stages: tuple[int, ...]  # stages it owns, in order; the last one's output feeds the next unit
+    decoder: tuple[int, ...]  # shared stages run after them (LoCo: the next unit's first stage)
+    detach_input: bool  # gradient isolation from the units below
+
+
+class UnitOutput(NamedTuple):
+    """What :meth:`LoCoModel.forward_unit` computes."""
+
+    output: Tensor  # (B, C, H', W') output of the unit's last own stage: the next unit's input
+    features: list[Tensor]  # (B, C_s) pooled output of each stage the unit owns
+    projection: Tensor  # (B, head_dim) z of the unit's head, the one contrasted
+
+
+class LoCoOutput(NamedTuple):
+    """What one forward of :class:`LoCoModel` computes."""
+
+    features: list[Tensor]  # per stage, (B, C_k) pooled output, for readout (not detached)
+    projections: list[Tensor]  # per unit, (B, head_dim)
+
+
+def _check_weights(weights: Sequence[float] | None, units: int) -> tuple[float, ...]:
+    if weights is None:
+        return (1.0,) * units
+    values = tuple(weights)
+    if len(values) != units:
+        raise ValueError(f"expected {units} unit weights, got {len(values)}: {values}")
+    for w in values:
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise ValueError(f"unit weights must be finite numbers >= 0, got {values}")
+    return tuple(float(w) for w in values)
+
+
+class LoCoModel(nn.Module):
+    """A backbone cut into local units, each with its own pooled MLP projection head.
+
+    See the module docstring for the units of ``overlap`` 0 (GIM) and 1 (LoCo) and of
+    ``end_to_end``. ``self.backbone`` is the backbone itself (the stages are its own modules),
+    so the encoder is evaluated and exported as for any other method.
+
+    Args:
+        backbone: a :class:`~imagecl.backbones.ResNetBackbone` or
+            :class:`~imagecl.backbones.SmallCNN`.
+        stages: how many stages to cut it into (1–4, :func:`split_stages`).
+        overlap: 0 for Greedy InfoMax's disjoint units, 1 for LoCo's overlapping units.
+        head_dim: width of every head's projection z (128, SimCLR).
+        decoder_depth: extra conv-BN-ReLU layers of each unit, not shared, before its head
+            (LoCo's study of deeper decoders).
+        unit_weights: w_k of each unit's loss, one per unit (default 1 each).
+        end_to_end: one unit, the whole backbone and one head, no detaching: SimCLR.
+
+    Shape:
+        - Input: x of shape (B, C, H, W), float, normalised
+        - Output: :class:`LoCoOutput`, ``features[k]`` of shape (B, C_k) for each stage,
+          ``projections[u]`` of shape (B, head_dim) for each unit
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        *,
+        stages: int = 4,
+        overlap: Overlap = 1,
+        head_dim: int = 128,  # SimCLR's z (Chen et al. 2020, Sec. 2.1)
+        decoder_depth: int = 0,
+        unit_weights: Sequence[float] | None = None,
+        end_to_end: bool = False,
+    ) -> None:
+        super().__init__()
+        if not _is_int(overlap) or overlap not in (0, 1):
+            raise ValueError(f"overlap must be 0 (GIM) or 1 (LoCo), got {overlap!r}")
+        if not _is_int(head_dim) or head_dim < 1:
+            raise ValueError(f"head_dim must be an int >= 1, got {head_dim!r}")
+        if not _is_int(decoder_depth) or decoder_depth < 0:
+            raise ValueError(f"decoder_depth must be an int >= 0, got {decoder_depth!r}")
+        if not isinstance(end_to_end, bool):
+            raise ValueError(f"end_to_end must be a bool, got {end_to_end!r}")
+        stage_modules = split_stages(backbone, stages)
+        self.backbone = backbone
+        # a plain tuple, not registered: the modules are the backbone's (registered there), so
+        # state_dict keys and checkpoints are those of the backbone, with no duplicates
+        self._stages: tuple[nn.Module, ...] = tuple(stage_modules)
+        self.stage_dims: tuple[int, ...] = tuple(_out_channels(s) for s in stage_modules)
+        self.feature_dim = self.stage_dims[-1]  # h of the whole backbone, as Backbone's
+        self.overlap, self.end_to_end = overlap, end_to_end
+        K = len(stage_modules)
+        if end_to_end:
+            units = [LocalUnit(tuple(range(K)), (), detach_input=False)]
+        else:
+            units = [
+                LocalUnit((k,), (k + 1,) if overlap and k + 1 < K else (), detach_input=True)
+                for k in range(K)
+            ]
+        self.units: tuple[LocalUnit, ...] = tuple(units)
+        widths = [self.stage_dims[(u.decoder or u.stages)[-1]] for u in units]
+        self.decoders = nn.ModuleList(_decoder(c, decoder_depth) for c in widths)
+        self.heads = nn.ModuleList(simclr_v1_head(c, head_dim) for c in widths)
+        self.unit_weights = _check_weights(unit_weights, len(units))
+
+    @property
+    def stages(self) -> tuple[nn.Module, ...]:
+        """The stages, in order (modules of ``self.backbone``)."""
+        return self._stages
+
+    def forward_unit(self, unit: int, x: Tensor) -> UnitOutput:
+        """Run unit ``unit`` on ``x``, the previous unit's output (or the images, for unit 0).
+
+        Shape:
+            x: ``(B, C, H, W)``; see :class:`UnitOutput`.
+        """
+        spec = self.units[unit]
+        h = x.detach() if spec.detach_input else x  # gradient isolation
+        features = []
+        for s in spec.stages:
+            h = self._stages[s](h)  # (B, C_s, H_s, W_s)
+            features.append(_pool(h))  # (B, C_s)
+        decoded = h
+        for s in spec.decoder:  # LoCo: the next unit's stage, on the attached output
+            with _running_stats_frozen(self._stages[s]):
+                decoded = self._stages[s](decoded)  # (B, C_s, H_s, W_s)
+        decoded = self.decoders[unit](decoded)  # (B, C, H', W')
+        z = self.heads[unit](_pool(decoded))  # (B, head_dim)
+        return UnitOutput(h, features, z)
+
+    def forward(self, x: Tensor) -> LoCoOutput:
+        features: list[Tensor] = []
+        projections: list[Tensor] = []
+        h = x
+        for unit in range(len(self.units)):
+            h, unit_features, z = self.forward_unit(unit, h)
+            features += unit_features
+            projections.append(z)
+        return LoCoOutput(features, projections)
+
+    def readout(self, x: Tensor, stage: int) -> Tensor:
+        """Pooled features of stage ``stage`` (0-based): stages 0..stage, no head, no decoder.
+
+        For linear evaluation of any stage; call it in ``eval()`` mode and under
+        ``torch.no_grad()`` for frozen features (the caller decides, as with ``backbone``).
+
+        Shape:
+            x: ``(B, C, H, W)``; result: ``(B, stage_dims[stage])``.
+        """
+        if not _is_int(stage) or not 0 <= stage < len(self._stages):
+            raise ValueError(f"stage must be an int in [0, {len(self._stages) - 1}], got {stage!r}")
+        h = x
+        for s in range(stage + 1):
+            h = self._stages[s](h)  # (B, C_s, H_s, W_s)
+        return _pool(h)  # (B, C_stage)
+
+
+def unstack_views(out: LoCoOutput, views: int = 2) -> list[LoCoOutput]:
+    """Split the output of a forward over stacked views (rows ``n·V + v``) into one per view.
+
+    Shape:
+        out fields: ``(N·V, D)``; result: V outputs with fields ``(N, D)``.
+    """
+    if not _is_int(views) or views < 1:
+        raise ValueError(f"views must be an int >= 1, got {views!r}")
+
+    def take(t: Tensor, v: int) -> Tensor:
+        return t.view(-1, views, t.shape[-1])[:, v]  # (N, V, D) -> (N, D)
+
+    return [
+        LoCoOutput([take(f, v) for f in out.features], [take(z, v) for z in out.projections])
+        for v in range(views)
+    ]
+
+
+def loco_loss(
+    out1: LoCoOutput,
+    out2: LoCoOutput,
+    *,
+    temperature: float = 0.5,  # SimCLR's CIFAR τ, nt_xent_loss's default
+    weights: Sequence[float] | None = None,
+    gather: bool = False,
+) -> tuple[Tensor, list[Tensor]]:
+    """Σ_k w_k · NT-Xent(z_k of view 1, z_k of view 2): the local losses of every unit.
+
+    Each unit contrasts only its own projections (Xiong et al. 2020, Sec. 3); ``weights=None``
+    weighs every unit 1. ``gather`` uses every rank's samples as negatives (see
+    :func:`shared.losses.nt_xent_loss`).
+
+    Shape:
+        out1, out2: ``projections[k]`` of shape ``(N, D)``; result: a scalar, and the K
+        unweighted unit losses (scalars, attached to the graph).
+    """
+    if len(out1.projections) != len(out2.projections):
+        raise ValueError(
+            f"the two views have {len(out1.projections)} and {len(out2.projections)} units"
+        )
+    w = _check_weights(weights, len(out1.projections))
+    per_unit = [
+        nt_xent_loss(z1, z2, temperature=temperature, gather=gather)
+        for z1, z2 in zip(out1.projections, out2.projections, strict=True)
+    ]
+    total = per_unit[0] * w[0]
+    for weight, loss in zip(w[1:], per_unit[1:], strict=True):
+        total = total + weight * loss
+    return total, per_unit
+
+
+def _loco_model(model: nn.Module) -> LoCoModel:
+    inner = unwrap(model)
+    if not isinstance(inner, LoCoModel):
+        raise TypeError(f"expected a LoCoModel (possibly DDP-wrapped), got {type(inner).__name__}")
+    return inner
+
+
+def _two_views(views: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
+    x = views(images)  # (N, V, C, S, S)
+    if x.ndim != 5 or x.shape[1] != 2:
+        raise ValueError(f"LoCo contrasts exactly 2 views (N, 2, C, S, S), got {tuple(x.shape)}")
+    return x
+
+
+def loco_train_step(
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    *,
+    views: Callable[[Tensor], Tensor],
+    temperature: float,
+    gather: bool,
+) -> dict[str, Tensor]:
+    """One step's LoCo/GIM/end-to-end loss, for ``shared.train.fit`` (path (a)).
+
+    One forward of both views stacked (2N rows), the weighted sum of the unit losses as
+    ``"loss"`` (``fit`` back-propagates it), each unit's loss as ``"unit{k}_loss"``. Every
+    unit's activations are kept until that backward (see the module docstring).
+
+    Shape:
+        batch: images ``(N, C, H, W)`` uint8 and labels ``(N,)`` (unused);
+        ``views(images)``: ``(N, 2, C, S, S)``.
+    """
+    images, _ = batch
+    loco = _loco_model(model)
+    x = _two_views(views, images)  # (N, 2, C, S, S)
+    out = model(x.flatten(0, 1))  # rows n·2 + v
+    out1, out2 = unstack_views(out, 2)
+    loss, per_unit = loco_loss(
+        out1, out2, temperature=temperature, weights=loco.unit_weights, gather=gather
+    )
+    metrics = {f"unit{k}_loss": unit_loss.detach() for k, unit_loss in enumerate(per_unit)}
+    return {"loss": loss, **metrics}
+
+
+def local_backward_step(
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    *,
+    views: Callable[[Tensor], Tensor],
+    temperature: float,
+) -> dict[str, Tensor]:
+    """Forward *and backward* of one step, unit by unit (path (b)): local learning's memory.
+
+    Unit k's weighted loss is back-propagated as soon as it is computed, which frees unit k's
+    activations before unit k+1 runs on its detached output; the gradients are those of
+    :func:`loco_train_step`'s total loss. Everything returned is detached (``"loss"`` too): the
+    caller checks it, steps the optimizer and zeroes the gradients, not ``fit``. Single process
+    only: DDP's reducer expects one backward per forward of the wrapper.
+
+    Shape:
+        as :func:`loco_train_step`.
+    """
+    if isinstance(model, DistributedDataParallel):
+        raise ValueError("local_backward_step is single-process; use loco_train_step under DDP")
+    loco = _loco_model(model)
+    images, _ = batch
+    N = images.shape[0]
+    h = _two_views(views, images).flatten(0, 1)  # (2N, C, S, S), rows n·2 + v
+    total = torch.zeros((), device=h.device)
+    metrics: dict[str, Tensor] = {}
+    for unit, weight in enumerate(loco.unit_weights):
+        h, _, z = loco.forward_unit(unit, h)
+        z = z.view(N, 2, -1)  # (N, 2, D)
+        loss = nt_xent_loss(z[:, 0], z[:, 1], temperature=temperature)
+        torch.autograd.backward(loss * weight)  # unit's graph (its activations) freed here
+        h = h.detach()  # keep the output's values, drop the freed graph
+        metrics[f"unit{unit}_loss"] = loss.detach()
+        total = total + weight * loss.detach()
+    return {"loss": total, **metrics}
