@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from imagecl.augment import SimCLRViews
 from imagecl.data import ImageData, images_and_labels
 from imagecl.evaluate import encode, evaluate_encoder
+from imagecl.loco import LoCoModel
 from imagecl.models import ImageModel
 from shared.checkpoint import export_encoder
 from shared.plots import plot_loss_curves, plot_tsne, save_image_grid
@@ -50,6 +51,17 @@ def plot_training_curves(run: RunDir) -> Path | None:
     if not keys:
         return None
     return plot_loss_curves(run.metrics_path, run.plots / "training.png", keys=keys)
+
+
+class StageReadout(nn.Module):
+    """The pooled output of one stage of a LoCo model, as an encoder for evaluation."""
+
+    def __init__(self, model: LoCoModel, stage: int) -> None:
+        super().__init__()
+        self.model, self.stage = model, stage
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model.readout(x, self.stage)  # (N, C_stage)
 
 
 def unnormalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
@@ -96,7 +108,7 @@ def finish_run(
 ) -> dict[str, Any]:
     """Export the encoder, evaluate it, plot, and write ``summary.json`` and ``report.md``."""
     model = unwrap(built.model)
-    assert isinstance(model, ImageModel)
+    assert isinstance(model, ImageModel | LoCoModel)
     export_encoder(
         model.backbone, run.path / "encoder.safetensors",
         metadata={"backbone": cfg.backbone, "method": cfg.method, "data": cfg.data},
@@ -106,6 +118,12 @@ def finish_run(
     if data.num_classes >= 2 and len(data.test):
         numbers = evaluate_encoder(model.backbone, data, device=device, seed=cfg.seed)
         summary.update(numbers)
+        if isinstance(model, LoCoModel):  # the readout of every stage (LoCo's table)
+            for stage in range(len(model.stages)):
+                readout = evaluate_encoder(
+                    StageReadout(model, stage), data, device=device, seed=cfg.seed, knn_k=()
+                )
+                summary[f"stage{stage}_probe_accuracy"] = readout["linear_probe_accuracy"]
         test_x, test_y = images_and_labels(data.test)
         test_h = encode(model.backbone, test_x, data.mean, data.std, device=device)
         plot_tsne(test_h, test_y, run.plots / "tsne_h.png", seed=cfg.seed, num_threads=1)

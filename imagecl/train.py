@@ -11,6 +11,9 @@ only in the loss of :func:`train_step`:
   classifier on frozen h, the joint variant (``--joint-classifier``) trains a classifier on
   stop-gradient h alongside.
 * ``ce``: the same backbone and augmentation (one view) with a linear classifier, end to end.
+* ``loco`` (Xiong et al. 2020): the backbone split into ``stages`` local units, each with its
+  own head and NT-Xent (:mod:`imagecl.loco`); ``--overlap 0`` is Greedy InfoMax,
+  ``--end-to-end`` the same model trained end to end (the baseline).
 * ``clae`` (Ho & Vasconcelos 2020) = ``simclr`` + ``--adversarial``: an adversarial view from
   the first one (:mod:`imagecl.clae`) adds α·L(f(x1), f(x_adv)); ``--adversarial`` does the same
   for SupCon.
@@ -38,6 +41,7 @@ from imagecl.clae import adversarial_view, pair_loss
 from imagecl.data import DATASETS, ImageData, collate_uint8, load_data
 from imagecl.dual_bn import adversarial_rows, convert_dual_bn
 from imagecl.evaluate import make_monitor
+from imagecl.loco import LoCoModel, loco_train_step
 from imagecl.models import HEADS, ImageModel, ModelOutput, build_head
 from imagecl.report import finish_run, open_run
 from shared.checkpoint import load_checkpoint
@@ -60,7 +64,7 @@ from shared.train import LoopConfig, fit
 
 __all__ = ["QUICK", "Built", "Config", "build", "main", "train_step"]
 
-Method = Literal["simclr", "supcon", "ce", "clae"]
+Method = Literal["simclr", "supcon", "ce", "clae", "loco"]
 DataName = Literal["digits", "digits-m", "cifar10", "cifar100", "stl10", "imagefolder", "unlabeled"]
 Backbone = Literal["resnet18", "resnet50", "small_cnn"]
 Head = Literal["mlp", "mlp3", "linear", "none"]
@@ -103,6 +107,10 @@ class Config:
     adv_eps: float = 0.015  # in [0, 1] pixel units (CLAE's 0.03 is in normalised units)
     adv_steps: int = 1  # 1: FGSM, as CLAE; more: PGD
     adv_bn: bool = True  # a separate adversarial batch-norm branch (momentum 0.01)
+    stages: int = 4  # LoCo/GIM: stages the backbone is split into
+    overlap: int = 1  # LoCo: 1 (unit k = stages k, k+1); 0 = Greedy InfoMax
+    decoder_depth: int = 0  # LoCo: extra non-shared conv layers before each unit's head
+    end_to_end: bool = False  # LoCo's baseline: the same model, one head, no local losses
     queue_size: int = 0  # SimCLR: K past keys as extra negatives (0: none)
     online_probe: bool = True
     probe_lr: float = 0.1  # the online probe's own lr (SGD-style; no weight decay)
@@ -140,6 +148,10 @@ class Config:
                 f"need adv_eps >= 0, adv_steps >= 1, adv_alpha >= 0; got {self.adv_eps}, "
                 f"{self.adv_steps}, {self.adv_alpha}"
             )
+        if self.method == "loco" and (self.adversarial or self.queue_size or self.views != 2):
+            raise ValueError("loco trains 2 views without a queue or adversarial views")
+        if self.overlap not in (0, 1) or self.decoder_depth < 0:
+            raise ValueError(f"overlap must be 0 or 1 and decoder_depth >= 0, got {self.overlap}")
         if self.queue_size and self.method not in ("simclr", "clae"):
             raise ValueError("queue_size applies to method simclr only")
         if self.joint_classifier and self.method != "supcon":
@@ -165,7 +177,7 @@ class Config:
     @property
     def base_method(self) -> str:
         """The loss family: clae is SimCLR with adversarial views."""
-        return "simclr" if self.method == "clae" else self.method
+        return "simclr" if self.method in ("clae", "loco") else self.method
 
     @property
     def is_adversarial(self) -> bool:
@@ -206,7 +218,7 @@ class Built(NamedTuple):
     data: ImageData
 
 
-def build_model(cfg: Config, data: ImageData) -> ImageModel:
+def build_model(cfg: Config, data: ImageData) -> nn.Module:
     """The model of ``cfg`` for ``data``'s channels and classes (identical on every rank when
     seeded the same way before the call)."""
     backbone = build_backbone(
@@ -215,6 +227,11 @@ def build_model(cfg: Config, data: ImageData) -> ImageModel:
     labelled = data.num_classes >= 2
     if cfg.base_method != "simclr" and not labelled:
         raise ValueError(f"method {cfg.method} needs labels; data set {data.name!r} has none")
+    if cfg.method == "loco":  # local units with their own heads (imagecl.loco)
+        return LoCoModel(
+            backbone, stages=cfg.stages, overlap=cfg.overlap,  # type: ignore[arg-type]
+            head_dim=cfg.head_dim, decoder_depth=cfg.decoder_depth, end_to_end=cfg.end_to_end,
+        )  # fmt: skip
     head = None if cfg.method == "ce" else build_head(cfg.head, backbone.feature_dim, cfg.head_dim)
     classifier: Literal["none", "end_to_end", "detached"] = "none"
     if cfg.method == "ce":
@@ -233,17 +250,18 @@ def build_model(cfg: Config, data: ImageData) -> ImageModel:
     )  # fmt: skip
 
 
-def _optimizer(cfg: Config, model: ImageModel, world_size: int) -> torch.optim.Optimizer:
+def _optimizer(cfg: Config, model: nn.Module, world_size: int) -> torch.optim.Optimizer:
     """LARS/SGD/Adam over the trained parts; the online probe in its own group."""
-    probe = set() if model.probe is None else {id(p) for p in model.probe.parameters()}
+    probe_head = getattr(model, "probe", None)
+    probe = set() if probe_head is None else {id(p) for p in probe_head.parameters()}
     main = nn.ModuleDict({k: v for k, v in model.named_children() if k != "probe"})
     lr = cfg.lr * cfg.batch_size * world_size / 256 if cfg.optimizer != "adam" else cfg.lr
     groups = lars_param_groups(main, cfg.weight_decay)
     for group in groups:
         group["params"] = [p for p in group["params"] if id(p) not in probe]
-    if model.probe is not None:
+    if probe_head is not None:
         groups.append(
-            {"params": list(model.probe.parameters()), "weight_decay": 0.0, "lars_adapt": False}
+            {"params": list(probe_head.parameters()), "weight_decay": 0.0, "lars_adapt": False}
         )
         groups[-1]["lr"] = cfg.probe_lr if cfg.optimizer != "adam" else cfg.probe_lr / 10
     if cfg.optimizer == "lars":
@@ -270,7 +288,7 @@ def build(
     model = build_model(cfg, data).to(device)
     model = to_channels_last(model, device)
     if cfg.compile:
-        model.backbone = torch.compile(model.backbone)  # type: ignore[assignment]
+        model.backbone = torch.compile(model.backbone)  # type: ignore[arg-type,assignment]
     seed_everything(cfg.seed, rank=env.rank)  # each rank its own augmentations from here on
     dataset = data.pretrain if cfg.base_method == "simclr" else data.train
     if len(dataset) < cfg.batch_size:
@@ -313,6 +331,8 @@ def train_step(
     Shape:
         batch: images ``(N, C, H, W)`` uint8 and labels ``(N,)`` (-1 where unknown).
     """
+    if cfg.method == "loco":  # a contrastive loss per local unit (imagecl.loco)
+        return loco_train_step(model, batch, views=views, temperature=cfg.tau, gather=gather)
     images, labels = batch
     N = images.shape[0]
     x = views(images)  # (N, V, C, S, S) normalised float, augmented on the device
@@ -401,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def load_trained(
     checkpoint: Path, *, data_root: Path | None = None, device: torch.device
-) -> tuple[Config, ImageData, ImageModel]:
+) -> tuple[Config, ImageData, Any]:
     """The config, data and model of a training run, from its ``checkpoints/*.pt``.
 
     The run's ``config.json`` (two folders up) rebuilds the model; ``data_root`` overrides the

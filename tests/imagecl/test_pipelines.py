@@ -221,3 +221,15 @@ def test_two_gloo_ranks_train_with_gathered_negatives(tmp_path: Path) -> None:
     ckpt = load_checkpoint(out / "checkpoints" / "last.pt")
     assert ckpt["step"] == 2 and ckpt["world_size"] == 2
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize("extra", [[], ["--overlap", "0"], ["--end-to-end"]])
+def test_loco_trains_and_reads_out_every_stage(tmp_path: Path, extra: list[str]) -> None:
+    out = tmp_path / "loco"
+    summary = _train(out, "--method", "loco", "--data", "digits", "--max-steps", "2", *extra)
+    for stage in range(4):
+        assert 0 <= summary[f"stage{stage}_probe_accuracy"] <= 1
+    header = (out / "metrics.csv").read_text().splitlines()[0]
+    assert "unit0_loss" in header  # one loss per local unit (one unit end to end)
+    with pytest.raises(ValueError, match="loco trains 2 views"):
+        _config(["--method", "loco", "--queue-size", "8"])
