@@ -25,7 +25,6 @@ import argparse
 import copy
 import gc
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.image_augment import timer
 from benchmarks.losses import peak_memory
 from imagecl.augment import SimCLRViews
 from imagecl.backbones import build_backbone
@@ -75,16 +75,6 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
     return torch.cuda.max_memory_allocated(device) - start
 
 
-def seconds(fn: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
-
-
 def bench_backbone(name: str, batch_size: int, device: torch.device) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     backbone = build_backbone(name, width=32, cifar_stem=True)
@@ -107,7 +97,7 @@ def bench_backbone(name: str, batch_size: int, device: torch.device) -> list[dic
             gc.collect()
             peak = peak_bytes(run, device)
             model.zero_grad(set_to_none=True)
-            secs = seconds(run, device)
+            secs = timer(run, device)()
             model.zero_grad(set_to_none=True)
             rows.append(
                 {"backbone": name, "method": method, "path": path, "peak_mib": peak / 2**20,

@@ -27,6 +27,7 @@ in ``subgraph``), never once per graph.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -349,8 +350,9 @@ class _PerGraph(BaseTransform):  # type: ignore[misc]  # PyG is untyped
     """Apply a batch augmentation to one ``Data`` (batched alone) or to a ``Batch``; the
     randomness is torch's global RNG (seeded per DataLoader worker)."""
 
+    @abstractmethod
     def _augment(self, batch: Batch) -> Batch:
-        raise NotImplementedError
+        """The batch augmentation with this transform's settings (each subclass names one)."""
 
     def forward(self, data: Any) -> Any:
         if isinstance(data, Batch):

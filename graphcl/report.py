@@ -18,7 +18,7 @@ from graphcl.features import LAYOUTS
 from shared.plots import plot_loss_curves, plot_tsne
 from shared.runs import RunDir
 from shared.runs import open_run as shared_open_run
-from shared.runtime import SINGLE_PROCESS, DistEnv
+from shared.runtime import SINGLE_PROCESS, DistEnv, eval_mode
 
 __all__ = ["augmentation_views", "embed", "open_run", "plot_joao", "pretrain_plots"]
 
@@ -41,15 +41,11 @@ def embed(
     Shape:
         result: ``(len(graphs), feature_dim)``.
     """
-    was_training = encoder.training
-    encoder.eval()
-    try:
+    with eval_mode(encoder):
         parts = [
             encoder(collate_graphs(graphs[i : i + batch_size]).to(device)).float().cpu()
             for i in range(0, len(graphs), batch_size)
         ]
-    finally:
-        encoder.train(was_training)
     return torch.cat(parts)
 
 

@@ -43,10 +43,7 @@ class Backbone(nn.Module):
         - Output: h of shape (N, feature_dim)
     """
 
-    feature_dim: int
-
-    def forward(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
+    feature_dim: int  # subclasses set it and define forward
 
 
 def _kaiming_conv(

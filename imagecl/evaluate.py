@@ -32,7 +32,7 @@ from shared.config import parse_config, save_config
 from shared.plots import plot_tsne
 from shared.probes import FittedProbe, alignment_uniformity, knn_probe, linear_probe
 from shared.runs import write_report, write_summary
-from shared.runtime import select_device
+from shared.runtime import eval_mode, select_device
 
 __all__ = [
     "CollapseError",
@@ -76,15 +76,11 @@ def encode(
     Shape:
         images: ``(N, C, H, W)`` uint8; result: ``(N, D)`` float32.
     """
-    was_training = encoder.training
-    encoder.eval()
-    try:
+    with eval_mode(encoder):
         parts = [
             encoder(to_float(chunk.to(device), mean, std)).float().cpu()  # (B, D)
             for chunk in torch.split(images, batch_size)
         ]
-    finally:
-        encoder.train(was_training)
     if not parts:
         raise ValueError("no images to encode")
     return torch.cat(parts)  # (N, D)
@@ -165,10 +161,8 @@ def robust_accuracy(
     def classify(x: Tensor) -> Tensor:
         return head.logits(encoder((x - mean) / std))  # (B, K)
 
-    was_training = encoder.training
-    encoder.eval()
     correct = torch.zeros((), dtype=torch.long, device=device)
-    try:
+    with eval_mode(encoder):
         for chunk, chunk_y in zip(
             torch.split(images, batch_size), torch.split(labels, batch_size), strict=True
         ):
@@ -184,8 +178,6 @@ def robust_accuracy(
                 x_adv = pgd_contrastive(loss_fn, x, eps=eps, steps=steps, generator=generator)
             with torch.no_grad():
                 correct += (classify(x_adv).argmax(dim=1) == y).sum()
-    finally:
-        encoder.train(was_training)
     return int(correct) / labels.numel()
 
 
@@ -290,12 +282,8 @@ def encode_float(encoder: nn.Module, x: Tensor, batch_size: int = 512) -> Tensor
     Shape:
         x: ``(N, C, H, W)`` float; result: ``(N, D)``.
     """
-    was_training = encoder.training
-    encoder.eval()
-    try:
+    with eval_mode(encoder):
         return torch.cat([encoder(chunk).float().cpu() for chunk in torch.split(x, batch_size)])
-    finally:
-        encoder.train(was_training)
 
 
 def make_monitor(cfg: Any, data: ImageData, device: torch.device, max_images: int = 5000) -> Any:

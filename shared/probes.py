@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shared.runtime import move_to_device
+from shared.runtime import eval_mode, move_to_device
 
 __all__ = [
     "FittedProbe",
@@ -358,31 +358,25 @@ def extract_features(
         - encoder output per batch: (B, D)
         - returns: features (N, D) on CPU, labels (N,) on CPU
     """
-    modes = [(module, module.training) for module in encoder.modules()]
-    encoder.eval()
     features: list[Tensor] = []
     labels: list[Tensor] = []
-    try:
-        with torch.no_grad():
-            for batch in loader:
-                if isinstance(batch, list | tuple):
-                    inputs, y = batch[0], batch[1]
-                elif hasattr(batch, "y"):
-                    inputs, y = batch, batch.y
-                else:
-                    raise ValueError(
-                        f"cannot find labels in a batch of type {type(batch).__name__}: expected "
-                        "(inputs, labels, ...) or an object with .y"
-                    )
-                out = encoder(move_to_device(inputs, torch.device(device)))
-                if not isinstance(out, Tensor) or out.ndim != 2:
-                    shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-                    raise ValueError(f"encoder must return (B, D) features, got {shape}")
-                features.append(out.detach().cpu())
-                labels.append(torch.as_tensor(y).reshape(-1).cpu())
-    finally:
-        for module, training in modes:
-            module.training = training  # not .train(): that would also reset the children
+    with eval_mode(encoder), torch.no_grad():
+        for batch in loader:
+            if isinstance(batch, list | tuple):
+                inputs, y = batch[0], batch[1]
+            elif hasattr(batch, "y"):
+                inputs, y = batch, batch.y
+            else:
+                raise ValueError(
+                    f"cannot find labels in a batch of type {type(batch).__name__}: expected "
+                    "(inputs, labels, ...) or an object with .y"
+                )
+            out = encoder(move_to_device(inputs, torch.device(device)))
+            if not isinstance(out, Tensor) or out.ndim != 2:
+                shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                raise ValueError(f"encoder must return (B, D) features, got {shape}")
+            features.append(out.detach().cpu())
+            labels.append(torch.as_tensor(y).reshape(-1).cpu())
     if not features:
         raise ValueError("loader yielded no batches")
     return torch.cat(features), torch.cat(labels)  # (N, D), (N,)

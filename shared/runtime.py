@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -25,6 +26,7 @@ __all__ = [
     "DistEnv",
     "autocast_dtype",
     "cleanup_distributed",
+    "eval_mode",
     "init_distributed",
     "is_main_process",
     "local_device",
@@ -255,6 +257,22 @@ def wrap_ddp(
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module inside a DDP wrapper (what checkpoints and evaluation use)."""
     return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+@contextmanager
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` in eval mode inside the block; every submodule's own mode restored after.
+
+    Not ``module.train(previous)``: that would also reset submodules that were deliberately in
+    another mode (a frozen batch norm inside a training model).
+    """
+    modes = [(sub, sub.training) for sub in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for sub, training in modes:
+            sub.training = training
 
 
 def autocast_dtype(amp: Literal["auto", "bf16", "off"], device: torch.device) -> torch.dtype | None:

@@ -4,8 +4,8 @@ Every test here carries the ``cuda`` marker (``pytest -m cuda`` selects exactly 
 is skipped, with the reason shown by ``-rs``, where it cannot run; the CI run (no GPU) collects
 them and reports them skipped.
 
-* losses: every loss of :mod:`shared.losses` (and ``info_nce_loss`` once
-  ``shared/losses/info_nce.py`` exists) in fp32 and under bf16 autocast, dense and blockwise;
+* losses: every loss of :mod:`shared.losses` (``info_nce_loss`` included) in fp32 and under
+  bf16 autocast, dense and blockwise;
   values and input gradients against the float64 CPU computation of the same loss;
 * ``GeneralizedContrastiveLoss(seed=...)``: the seed fixes the draws on the device;
 * ``gather_with_grad`` with 2 nccl processes (needs 2 GPUs): gathered rows, gradients, and the
@@ -24,7 +24,6 @@ checks the test bodies themselves on a machine without a GPU::
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
 import socket
@@ -48,6 +47,7 @@ from shared.losses import (
     conditional_contrastive_loss,
     generalized_contrastive_loss,
     graphcl_loss,
+    info_nce_loss,
     masked_logsumexp,
     npairs_loss,
     nt_xent_loss,
@@ -162,28 +162,6 @@ def _lse_loss(z: Tensor, labels: Tensor, block_size: int | None, temperature: fl
     return lse.all.mean() - positive.mean()
 
 
-def _import_info_nce() -> Callable[..., Tensor] | None:
-    """``info_nce_loss``, or ``None`` while ``shared/losses/info_nce.py`` (a parallel change)
-    does not exist; any other import error of an existing module fails loudly."""
-    name = "shared.losses.info_nce"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name != name:
-            raise
-        return None
-    return module.info_nce_loss  # type: ignore[no-any-return]
-
-
-INFO_NCE = _import_info_nce()
-
-
-def _info_nce(*args: Tensor | None, **kwargs: Any) -> Tensor:
-    if INFO_NCE is None:
-        pytest.skip("shared/losses/info_nce.py does not exist yet")
-    return INFO_NCE(*args, **kwargs)
-
-
 CASES: dict[str, Case] = {
     "nt_xent": Case(lambda z, y, b: nt_xent_loss(*_views(z)[:2], temperature=0.5, block_size=b)),
     **{
@@ -228,13 +206,13 @@ CASES: dict[str, Case] = {
     "masked_logsumexp_labelled": Case(lambda z, y, b: _lse_loss(z, y, b, temperature=0.5)),
     # the same at τ = 0.2: the logit bound (~120) is too large, the max-shifted fallback runs
     "masked_logsumexp_max_shifted": Case(lambda z, y, b: _lse_loss(z, y, b, temperature=0.2)),
-    "info_nce": Case(lambda z, y, b: _info_nce(*_views(z)[:2], temperature=0.1, block_size=b)),
+    "info_nce": Case(lambda z, y, b: info_nce_loss(*_views(z)[:2], temperature=0.1, block_size=b)),
     # K = N negatives shared by every query (a MoCo queue)
     "info_nce_shared_negatives": Case(
-        lambda z, y, b: _info_nce(*_views(z), temperature=0.1, block_size=b)
+        lambda z, y, b: info_nce_loss(*_views(z), temperature=0.1, block_size=b)
     ),
     "info_nce_per_query_negatives": Case(
-        lambda z, y, b: _info_nce(
+        lambda z, y, b: info_nce_loss(
             *_views(z)[:2],
             torch.stack([z[:, 2 * D :], z[:, 2 * D :].roll(1, 0)], dim=1),
             temperature=0.1,
@@ -414,11 +392,7 @@ GATHER_LOSSES: dict[str, Callable[[Tensor, Tensor, bool], Tensor]] = {
     "conditional": lambda z, y, gather: conditional_contrastive_loss(
         z[:, 0], z[:, 1], y, gather=gather
     ),
-    **(
-        {"info_nce": lambda z, y, gather: _info_nce(z[:, 0], z[:, 1], gather=gather)}
-        if INFO_NCE is not None
-        else {}
-    ),
+    "info_nce": lambda z, y, gather: info_nce_loss(z[:, 0], z[:, 1], gather=gather),
 }
 
 

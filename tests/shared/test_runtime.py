@@ -19,6 +19,7 @@ from shared.runtime import (
     DistEnv,
     autocast_dtype,
     cleanup_distributed,
+    eval_mode,
     init_distributed,
     is_main_process,
     local_device,
@@ -264,3 +265,14 @@ def test_wrap_ddp_is_identity_without_a_process_group() -> None:
     model = nn.Linear(2, 2)
     env = DistEnv(rank=0, local_rank=0, world_size=1, is_distributed=False)
     assert wrap_ddp(model, env) is model and unwrap(model) is model
+
+
+def test_eval_mode_restores_every_submodules_own_mode() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    model[1].eval()  # a deliberately frozen batch norm inside a training model
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+    assert model.training and model[0].training and not model[1].training
+    with pytest.raises(RuntimeError, match="boom"), eval_mode(model):
+        raise RuntimeError("boom")
+    assert model.training and not model[1].training
