@@ -169,8 +169,9 @@ def train_one(
 
     def evaluate(inner: nn.Module) -> dict[str, float]:
         scores = task_metrics(task, _outputs(inner, valid_graphs, device), _targets(valid_graphs))
-        value = scores[metric]
-        return {f"valid_{metric}": value if math.isfinite(value) else -math.inf * (mode == "max")}
+        value = scores[metric]  # NaN (e.g. one class only in valid) is never the best epoch
+        worst = -math.inf if mode == "max" else math.inf
+        return {f"valid_{metric}": value if math.isfinite(value) else worst}
 
     loop_cfg = LoopConfig(
         epochs=cfg.epochs, eval_every=len(loader), log_every=len(loader), amp=cfg.amp,

@@ -1,7 +1,8 @@
 """The ``imagecl`` console script: ``imagecl <command> [options]``.
 
-``train`` (SimCLR, SupCon or cross-entropy), ``eval`` (linear probe, kNN, corruptions of a
-trained encoder) and ``finetune`` (SimCLR's semi-supervised protocol against scratch).
+``train`` (SimCLR, SupCon, cross-entropy, CLAE or LoCo), ``eval`` (linear probe, kNN,
+corruptions and attacks on a trained encoder) and ``finetune`` (SimCLR's semi-supervised
+protocol against scratch).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _finetune(argv: list[str]) -> Any:
 
 # name -> (one-line help, main(argv))
 PIPELINES: dict[str, tuple[str, PipelineMain]] = {
-    "train": ("train an encoder: --method simclr|supcon|ce", _train),
+    "train": ("train an encoder: --method simclr|supcon|ce|clae|loco", _train),
     "eval": ("evaluate a trained encoder: probe, kNN, corruptions", _eval),
     "finetune": ("fine-tune on a fraction of the labels, against scratch", _finetune),
 }
