@@ -9,6 +9,11 @@ nanoGPT's ``train.py`` does: bf16 autocast on GPU (fp32 on CPU), gradient accumu
 seed: the checkpoint holds the weights, optimizer and scheduler states, the position in the
 epoch, every rank's RNG states right after the checkpoint and at the start of its epoch, and the
 resolved config, which a resume must match.
+
+:func:`fit_updater` is the same loop around any :class:`~shared.updaters.Updater`, the object
+that owns one training step (several models and optimizers, ``n_dis`` discriminator steps, an
+EMA copy: a GAN); :func:`fit` is :func:`fit_updater` with an
+:class:`~shared.updaters.OptimizerUpdater`.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
@@ -35,19 +40,25 @@ from shared.runtime import (
     SINGLE_PROCESS,
     DistEnv,
     autocast_dtype,
+    eval_mode,
     move_to_device,
     set_epoch,
     unwrap,
     wrap_ddp,
 )
+from shared.updaters import OptimizerUpdater, StepContext, TrainStep, Updater, check_finite
 
 __all__ = [
     "RESUME_MAY_CHANGE",
     "FitResult",
     "LoopConfig",
+    "OptimizerUpdater",
+    "StepContext",
+    "Updater",
     "autocast_dtype",
     "check_finite",
     "fit",
+    "fit_updater",
     "move_to_device",
     "unwrap",
     "wrap_ddp",
@@ -60,7 +71,6 @@ if TYPE_CHECKING:
 else:
     PipelineConfig = Any
 
-TrainStep = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
 Evaluate = Callable[[nn.Module], Mapping[str, Tensor | float]]
 
 # Config keys (at any nesting level) that may differ on resume: they extend or observe a run
@@ -157,71 +167,12 @@ class _Progress:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def check_finite(value: Tensor | float, name: str, step: int) -> None:
-    """Raise ``FloatingPointError`` naming ``name`` and ``step`` if ``value`` has a NaN or inf.
-
-    Called on every loss before ``backward``, so a diverged step never reaches the optimizer
-    and the loop stops before it could write a checkpoint from poisoned weights.
-    """
-    if isinstance(value, Tensor):
-        value = value.detach()
-        finite = bool(torch.isfinite(value).all())
-    else:
-        finite = math.isfinite(float(value))
-    if not finite:
-        one = not isinstance(value, Tensor) or value.numel() == 1
-        shown = f"{float(value)}" if one else "a tensor with non-finite entries"
-        raise FloatingPointError(
-            f"{name} is {shown} at step {step}; training stopped so that the last good "
-            "checkpoint is not overwritten"
-        )
-
-
-def _backward(
-    model: nn.Module,
-    micro_batches: Iterator[Any],
-    train_step: TrainStep,
-    *,
-    accum: int,
-    clip_grad_norm: float | None,
-    dtype: torch.dtype | None,
-    device: torch.device,
-    step: int,
-) -> dict[str, Tensor]:
-    """Forward and backward over ``grad_accum_steps`` micro-batches; return their mean metrics.
-
-    Each loss is divided by the number of micro-batches so the accumulated gradient is that of
-    the mean over the whole step; DDP's gradient all-reduce runs on the last micro-batch only.
-    """
-    sums: dict[str, Tensor] = {}
-    for index, batch in enumerate(micro_batches):
-        sync_context: AbstractContextManager[Any] = nullcontext()
-        if isinstance(model, DistributedDataParallel) and index < accum - 1:
-            sync_context = model.no_sync()
-        with sync_context:
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                out = train_step(model, move_to_device(batch, device))
-            loss = out.get("loss")
-            if not isinstance(loss, Tensor):
-                raise ValueError(
-                    f"train_step must return a tensor 'loss'; it returned {sorted(out)}"
-                )
-            check_finite(loss, "loss", step)
-            torch.autograd.backward(loss.div(accum))
-        for key, value in out.items():
-            share = torch.as_tensor(value).detach().float() / accum
-            sums[key] = sums[key] + share if key in sums else share
-    if clip_grad_norm is not None:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-        check_finite(norm, "grad_norm", step)
-        sums["grad_norm"] = norm.detach()
-    return sums
-
-
-def _check_parameters(model: nn.Module, step: int) -> None:
+def _check_parameters(modules: Mapping[str, nn.Module], step: int) -> None:
     """Refuse to checkpoint non-finite weights (a NaN gradient with a finite loss gets here)."""
-    for name, param in unwrap(model).named_parameters():
-        check_finite(param, f"parameter {name}", step)
+    for prefix, module in modules.items():
+        for name, param in unwrap(module).named_parameters():
+            label = name if len(modules) == 1 else f"{prefix}.{name}"
+            check_finite(param, f"parameter {label}", step)
 
 
 def _is_better(value: float, best: float | None, mode: Literal["min", "max"]) -> bool:
@@ -234,13 +185,11 @@ def _is_better(value: float, best: float | None, mode: Literal["min", "max"]) ->
 class _Loop:
     """What stays fixed during :func:`fit`; its methods save, restore, log and evaluate."""
 
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: LRScheduler | None
+    updater: Updater
     cfg: LoopConfig
     run_dir: RunDir
     evaluate: Evaluate | None
-    train_step: TrainStep
+    evaluate_on_all_ranks: bool
     dtype: torch.dtype | None
     device: torch.device
     steps_per_epoch: int
@@ -276,27 +225,17 @@ class _Loop:
             set_rng_state(ckpt["rng"])
         return batches, epoch_rng
 
-    def step(self, batches: Iterator[Any], progress: _Progress) -> tuple[dict[str, Tensor], float]:
-        """One optimizer step over ``grad_accum_steps`` micro-batches; return metrics and lr."""
-        accum = self.cfg.grad_accum_steps
-        sums = _backward(
-            self.model,
-            itertools.islice(batches, accum),
-            self.train_step,
-            accum=accum,
-            clip_grad_norm=self.cfg.clip_grad_norm,
-            dtype=self.dtype,
-            device=self.device,
-            step=progress.step + 1,
-        )
-        lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this step used
-        self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+    @property
+    def batches_per_step(self) -> int:
+        return self.updater.batches_per_step
+
+    def step(self, batches: Iterator[Any], progress: _Progress) -> dict[str, Tensor | float]:
+        """One updater step over ``batches_per_step`` batches; return its metrics."""
+        ctx = StepContext(step=progress.step + 1, device=self.device, dtype=self.dtype)
+        metrics = self.updater.step(itertools.islice(batches, self.batches_per_step), ctx)
         progress.step += 1
-        progress.batch += accum
-        return sums, lr
+        progress.batch += self.batches_per_step
+        return metrics
 
     def save(
         self,
@@ -310,19 +249,17 @@ class _Loop:
         ``per_rank`` holds every rank's RNG states (``last.pt``, gathered by
         :meth:`checkpoint_last`); without it only this process's states are stored.
         """
-        _check_parameters(self.model, progress.step)
+        _check_parameters(self.updater.modules(), progress.step)
         epoch, batch = progress.epoch, progress.batch
-        if batch == self.steps_per_epoch * self.cfg.grad_accum_steps:
+        if batch == self.steps_per_epoch * self.batches_per_step:
             epoch, batch = epoch + 1, 0  # the epoch is complete: resume at the next one
-        state = {
-            "model": unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+        loop_state = {
             "step": progress.step,
             "epoch": epoch,
             "batch_in_epoch": batch,
             "steps_per_epoch": self.steps_per_epoch,
             "grad_accum_steps": self.cfg.grad_accum_steps,
+            "batches_per_step": self.batches_per_step,
             "world_size": self.env.world_size,
             "rng": rng_state(),
             "epoch_rng": epoch_rng,
@@ -332,7 +269,11 @@ class _Loop:
             "best_step": progress.best_step,
             "metrics": dict(progress.metrics),
         }
-        save_checkpoint(path, state)
+        state = self.updater.state_dict()
+        clash = sorted(set(state) & set(loop_state))
+        if clash:
+            raise ValueError(f"the updater's state uses the loop's checkpoint keys {clash}")
+        save_checkpoint(path, {**state, **loop_state})
 
     def checkpoint_last(self, progress: _Progress, epoch_rng: dict[str, Tensor]) -> None:
         """Gather every rank's RNG states (a collective: all ranks call it), save on rank 0."""
@@ -341,17 +282,18 @@ class _Loop:
             self.save(self.run_dir.last_checkpoint, progress, epoch_rng, per_rank)
 
     def restore(self) -> tuple[_Progress, dict[str, Any]]:
-        """Load ``last.pt`` into the model, optimizer and scheduler; return the position.
+        """Load ``last.pt`` into the updater (models, optimizers, ...); return the position.
 
         The returned checkpoint's ``rng``/``epoch_rng`` are this rank's own states.
         """
         path = self.run_dir.last_checkpoint
         ckpt = load_checkpoint(path, map_location="cpu")  # RNG states must stay on the CPU
-        saved = (ckpt.get("steps_per_epoch"), ckpt.get("grad_accum_steps"))
-        now = (self.steps_per_epoch, self.cfg.grad_accum_steps)
+        per_step = ckpt.get("batches_per_step", ckpt.get("grad_accum_steps"))
+        saved = (ckpt.get("steps_per_epoch"), per_step)
+        now = (self.steps_per_epoch, self.batches_per_step)
         if saved != now:
             raise ValueError(
-                f"{path} was written with (steps_per_epoch, grad_accum_steps) = {saved}, this "
+                f"{path} was written with (steps_per_epoch, batches_per_step) = {saved}, this "
                 f"run has {now}: the position in the epoch would mean different batches"
             )
         self.check_config(path, ckpt)
@@ -370,12 +312,10 @@ class _Loop:
             ckpt["rng"], ckpt["epoch_rng"] = (
                 per_rank[self.env.rank][k] for k in ("rng", "epoch_rng")
             )
-        if (self.scheduler is None) != (ckpt["scheduler"] is None):
-            raise ValueError(f"{path}: a scheduler must be given now if and only if it was then")
-        unwrap(self.model).load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(ckpt["scheduler"])
+        try:
+            self.updater.load_state_dict(ckpt)
+        except (KeyError, ValueError) as error:
+            raise ValueError(f"{path}: {error}") from error
         progress = _Progress(
             step=ckpt["step"],
             epoch=ckpt["epoch"],
@@ -409,11 +349,20 @@ class _Loop:
             )
 
     def run_evaluation(self, progress: _Progress, epoch_rng: dict[str, Tensor]) -> dict[str, float]:
-        """Evaluate the unwrapped model in eval mode; keep ``best.pt`` for ``cfg.best_metric``."""
+        """Evaluate in eval mode; keep ``best.pt`` for ``cfg.best_metric``.
+
+        Every rank evaluates unless ``evaluate_on_all_ranks`` is off: then rank 0 alone does
+        (other ranks return nothing; only rank 0 logs and writes files).
+        """
         assert self.evaluate is not None
-        self.model.eval()
-        results = {key: float(value) for key, value in self.evaluate(unwrap(self.model)).items()}
-        self.model.train()
+        if not (self.main or self.evaluate_on_all_ranks):
+            return {}
+        with ExitStack() as stack:
+            for module in self.updater.modules().values():
+                stack.enter_context(eval_mode(module))
+            results = {
+                key: float(value) for key, value in self.evaluate(self.updater.evaluated()).items()
+            }
         metric = self.cfg.best_metric
         if metric is None:
             return results
@@ -428,8 +377,7 @@ class _Loop:
     def after_step(
         self,
         progress: _Progress,
-        sums: dict[str, Tensor],
-        lr: float,
+        metrics: dict[str, Tensor | float],
         epoch_rng: dict[str, Tensor],
         logger: MetricsLogger | None,
     ) -> dict[str, float]:
@@ -440,12 +388,12 @@ class _Loop:
         step, last = progress.step, progress.step == self.total
         row: dict[str, float] = {}
         if step % self.cfg.log_every == 0 or last:
-            row = {"epoch": progress.epoch, "lr": lr}
-            row.update({key: float(value) for key, value in sums.items()})
+            row = {"epoch": progress.epoch}
+            row.update({key: _scalar(value) for key, value in metrics.items()})
         every = self.cfg.eval_every
         if self.evaluate is not None and ((every is not None and step % every == 0) or last):
             results = self.run_evaluation(progress, epoch_rng)
-            clash = sorted(set(results) & {"epoch", "lr", *sums})
+            clash = sorted(set(results) & {"epoch", *metrics})
             if clash:
                 raise ValueError(f"evaluate returned {clash}, which clash with training metrics")
             row.update(results)
@@ -460,6 +408,10 @@ class _Loop:
 
 
 _MISSING = object()
+
+
+def _scalar(value: Tensor | float) -> float:
+    return float(value.detach()) if isinstance(value, Tensor) else float(value)
 
 
 def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -526,26 +478,115 @@ def fit(
     refused with the keys that differ, except keys named in ``may_change`` (by default
     :data:`RESUME_MAY_CHANGE`: ``epochs``/``max_steps`` to extend a run, logging, evaluation and
     checkpoint intervals, the output folder and device).
+
+    This is :func:`fit_updater` with an :class:`~shared.updaters.OptimizerUpdater`.
     """
     env = dist_env or SINGLE_PROCESS
     if env.is_distributed and not isinstance(model, DistributedDataParallel):
         raise ValueError("a distributed fit needs the model wrapped with wrap_ddp(model, dist_env)")
+    if len(loader) < loop_cfg.grad_accum_steps:
+        raise ValueError(
+            f"the loader has {len(loader)} batches, fewer than "
+            f"grad_accum_steps={loop_cfg.grad_accum_steps}"
+        )
+    updater = OptimizerUpdater(
+        model,
+        optimizer,
+        train_step,
+        scheduler=scheduler,
+        grad_accum_steps=loop_cfg.grad_accum_steps,
+        clip_grad_norm=loop_cfg.clip_grad_norm,
+    )
+    return _fit(
+        updater,
+        loader,
+        loop_cfg=loop_cfg,
+        run_dir=run_dir,
+        device=device,
+        evaluate=evaluate,
+        evaluate_on_all_ranks=True,
+        resume=resume,
+        env=env,
+        config=config,
+        may_change=may_change,
+    )
+
+
+def fit_updater(
+    updater: Updater,
+    loader: SizedIterable,
+    *,
+    loop_cfg: LoopConfig,
+    run_dir: RunDir,
+    device: torch.device,
+    evaluate: Evaluate | None = None,
+    evaluate_on_all_ranks: bool = False,
+    resume: bool = False,
+    dist_env: DistEnv | None = None,
+    config: PipelineConfig | None = None,
+    may_change: Collection[str] = RESUME_MAY_CHANGE,
+) -> FitResult:
+    """The loop of :func:`fit` around any :class:`~shared.updaters.Updater`.
+
+    The loop keeps epochs, logging, evaluation, checkpoint timing and resume, exactly as in
+    :func:`fit`; each step hands ``updater.batches_per_step`` batches of ``loader`` to
+    ``updater.step`` with a :class:`~shared.updaters.StepContext` (step number, device, the
+    autocast decided once by ``loop_cfg.amp``, and ``backward`` that checks every loss first).
+    The updater's ``state_dict`` joins every checkpoint and its ``load_state_dict`` restores
+    it on resume. ``evaluate(updater.evaluated())`` runs with every module of the updater in
+    eval mode, on rank 0 alone unless ``evaluate_on_all_ranks`` (an expensive evaluation, FD of
+    a GAN, runs once). ``loop_cfg.grad_accum_steps`` and ``clip_grad_norm`` belong to
+    :func:`fit`'s updater: here they must keep their defaults (the updater decides both).
+    """
+    if loop_cfg.grad_accum_steps != 1 or loop_cfg.clip_grad_norm is not None:
+        raise ValueError(
+            "fit_updater: grad_accum_steps and clip_grad_norm are the updater's settings; leave "
+            f"them at 1 and None in LoopConfig (got {loop_cfg.grad_accum_steps} and "
+            f"{loop_cfg.clip_grad_norm})"
+        )
+    return _fit(
+        updater,
+        loader,
+        loop_cfg=loop_cfg,
+        run_dir=run_dir,
+        device=device,
+        evaluate=evaluate,
+        evaluate_on_all_ranks=evaluate_on_all_ranks,
+        resume=resume,
+        env=dist_env or SINGLE_PROCESS,
+        config=config,
+        may_change=may_change,
+    )
+
+
+def _fit(
+    updater: Updater,
+    loader: SizedIterable,
+    *,
+    loop_cfg: LoopConfig,
+    run_dir: RunDir,
+    device: torch.device,
+    evaluate: Evaluate | None,
+    evaluate_on_all_ranks: bool,
+    resume: bool,
+    env: DistEnv,
+    config: PipelineConfig | None,
+    may_change: Collection[str],
+) -> FitResult:
     if loop_cfg.best_metric is not None and evaluate is None:
         raise ValueError(f"best_metric={loop_cfg.best_metric!r} needs an evaluate function")
-    accum = loop_cfg.grad_accum_steps
-    steps_per_epoch = len(loader) // accum
+    per_step = updater.batches_per_step
+    steps_per_epoch = len(loader) // per_step
     if steps_per_epoch == 0:
         raise ValueError(
-            f"the loader has {len(loader)} batches, fewer than grad_accum_steps={accum}"
+            f"the loader has {len(loader)} batches, fewer than the {per_step} one step consumes"
         )
     loop = _Loop(
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
+        updater=updater,
         cfg=loop_cfg,
         run_dir=run_dir,
         evaluate=evaluate,
-        train_step=train_step,
+        evaluate_on_all_ranks=evaluate_on_all_ranks,
         dtype=autocast_dtype(loop_cfg.amp, device),
         device=device,
         steps_per_epoch=steps_per_epoch,
@@ -564,18 +605,20 @@ def fit(
         )
     show = loop.main and loop_cfg.progress
     bar = tqdm(total=loop.total, initial=progress.step, unit="step", disable=not show)
-    model.train()
+    for module in updater.modules().values():
+        module.train()
+    epoch_batches = steps_per_epoch * per_step
     try:
         while progress.step < loop.total:
             batches, epoch_rng = loop.start_epoch(loader, progress, ckpt)
             ckpt = None
-            while progress.batch < steps_per_epoch * accum and progress.step < loop.total:
-                sums, lr = loop.step(batches, progress)
+            while progress.batch < epoch_batches and progress.step < loop.total:
+                metrics = loop.step(batches, progress)
                 bar.update(1)
-                row = loop.after_step(progress, sums, lr, epoch_rng, logger)
+                row = loop.after_step(progress, metrics, epoch_rng, logger)
                 if "loss" in row:
                     bar.set_postfix(loss=f"{row['loss']:.4g}", refresh=False)
-            if progress.batch == steps_per_epoch * accum:
+            if progress.batch == epoch_batches:
                 progress.epoch, progress.batch = progress.epoch + 1, 0
     finally:
         bar.close()

@@ -168,7 +168,7 @@ def test_resume_extends_a_finished_run_at_an_epoch_boundary(tmp_path: Path) -> N
 def test_resume_refuses_a_different_batch_layout(tmp_path: Path) -> None:
     run = RunDir.create("t", "a", root=tmp_path)
     _fit(run, LoopConfig(max_steps=2, progress=False), evaluate=None)
-    with pytest.raises(ValueError, match=r"steps_per_epoch, grad_accum_steps\) = \(5, 1\)"):
+    with pytest.raises(ValueError, match=r"steps_per_epoch, batches_per_step\) = \(5, 1\)"):
         _fit(run, LoopConfig(max_steps=4, grad_accum_steps=2, progress=False), resume=True)
     with pytest.raises(FileNotFoundError, match=r"last\.pt"):
         _fit(RunDir.create("t", "b", root=tmp_path), LoopConfig(max_steps=2), resume=True)

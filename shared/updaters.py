@@ -1,0 +1,195 @@
+"""What one training step does, for the loop of :mod:`shared.train`.
+
+The loop (:func:`shared.train.fit_updater`) keeps epochs, logging, evaluation, checkpoint timing
+and resume; an :class:`Updater` owns everything inside one step: forward passes, ``backward``
+and the optimizer and scheduler steps, over :attr:`Updater.batches_per_step` batches of the
+loader. Its :meth:`~Updater.state_dict` is everything the rest of the run depends on besides the
+loop's position and the RNG (weights, optimizer and scheduler states, an EMA copy), merged into
+every checkpoint.
+
+:class:`OptimizerUpdater` is one model and one optimizer with gradient accumulation and clipping
+(what :func:`shared.train.fit` runs); a GAN's updater (``contragan.train``) steps a discriminator
+``n_dis`` times per generator step, each with its own optimizer, and keeps an EMA generator.
+See docs/architecture.md, "Training loop".
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LRScheduler
+
+from shared.runtime import move_to_device, unwrap
+
+__all__ = ["OptimizerUpdater", "StepContext", "TrainStep", "Updater", "check_finite"]
+
+TrainStep = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
+
+
+def check_finite(value: Tensor | float, name: str, step: int) -> None:
+    """Raise ``FloatingPointError`` naming ``name`` and ``step`` if ``value`` has a NaN or inf.
+
+    Called on every loss before ``backward``, so a diverged step never reaches the optimizer
+    and the loop stops before it could write a checkpoint from poisoned weights.
+    """
+    if isinstance(value, Tensor):
+        value = value.detach()
+        finite = bool(torch.isfinite(value).all())
+    else:
+        finite = math.isfinite(float(value))
+    if not finite:
+        one = not isinstance(value, Tensor) or value.numel() == 1
+        shown = f"{float(value)}" if one else "a tensor with non-finite entries"
+        raise FloatingPointError(
+            f"{name} is {shown} at step {step}; training stopped so that the last good "
+            "checkpoint is not overwritten"
+        )
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What the loop decides for every step: its number (from 1), the device and the precision.
+
+    ``autocast()`` is the autocast region every forward pass runs in (bf16 on GPU when the
+    loop's ``amp`` says so, nothing on the CPU); ``to_device`` moves a batch there.
+    """
+
+    step: int
+    device: torch.device
+    dtype: torch.dtype | None
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
+
+    def to_device(self, batch: Any) -> Any:
+        return move_to_device(batch, self.device)
+
+    def backward(self, loss: Tensor, name: str = "loss", *, scale: float = 1.0) -> None:
+        """``check_finite`` then ``backward`` of ``loss / scale``: every loss goes through here."""
+        check_finite(loss, name, self.step)
+        torch.autograd.backward(loss.div(scale) if scale != 1.0 else loss)
+
+
+class Updater(ABC):
+    """One training step of :func:`shared.train.fit_updater`.
+
+    ``step`` consumes exactly :attr:`batches_per_step` batches from ``batches`` (fewer only at
+    the end of the loader, where the loop never asks), calls ``ctx.backward`` on every loss and
+    steps its optimizers and schedulers; it returns the metrics of the step (scalars; ``lr``
+    first by convention). ``modules`` names every module whose weights the run trains or keeps
+    (checked for finite weights before each checkpoint, put in train mode by the loop, in eval
+    mode around evaluation); ``evaluated`` is the one handed to ``evaluate``.
+    """
+
+    batches_per_step: int = 1
+
+    @abstractmethod
+    def step(self, batches: Iterator[Any], ctx: StepContext) -> dict[str, Tensor | float]:
+        """Run one step over ``batches_per_step`` batches; return its metrics."""
+
+    @abstractmethod
+    def modules(self) -> Mapping[str, nn.Module]:
+        """Every module of the run by name (as trained: possibly DDP-wrapped)."""
+
+    @abstractmethod
+    def evaluated(self) -> nn.Module:
+        """The unwrapped module ``evaluate`` receives."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Weights, optimizer and scheduler states: merged into every checkpoint's top level."""
+
+    @abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from a checkpoint (the whole checkpoint dict; read your own keys)."""
+
+
+class OptimizerUpdater(Updater):
+    """One model, one optimizer: ``train_step(model, batch) -> {"loss": ..., ...}`` per batch.
+
+    A step runs ``grad_accum_steps`` micro-batches: each loss is divided by their number so the
+    accumulated gradient is that of the mean over the step, DDP's all-reduce runs on the last
+    micro-batch only (``no_sync``), gradients are clipped to ``clip_grad_norm``, then the
+    optimizer and the scheduler step (the scheduler once per optimizer step, without
+    arguments). Metrics are ``lr`` (the rate this step used), the mean of ``train_step``'s
+    values over micro-batches and ``grad_norm`` when clipping. Checkpoint keys: ``model``,
+    ``optimizer``, ``scheduler``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_step: TrainStep,
+        *,
+        scheduler: LRScheduler | None = None,
+        grad_accum_steps: int = 1,
+        clip_grad_norm: float | None = None,
+    ) -> None:
+        if grad_accum_steps < 1:
+            raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}")
+        self.model = model
+        self.optimizer = optimizer
+        self.train_step = train_step
+        self.scheduler = scheduler
+        self.batches_per_step = grad_accum_steps
+        self.clip_grad_norm = clip_grad_norm
+
+    def step(self, batches: Iterator[Any], ctx: StepContext) -> dict[str, Tensor | float]:
+        accum = self.batches_per_step
+        sums: dict[str, Tensor] = {}
+        for index, batch in enumerate(batches):
+            sync: AbstractContextManager[Any] = nullcontext()
+            if isinstance(self.model, DistributedDataParallel) and index < accum - 1:
+                sync = self.model.no_sync()
+            with sync:
+                with ctx.autocast():
+                    out = self.train_step(self.model, ctx.to_device(batch))
+                loss = out.get("loss")
+                if not isinstance(loss, Tensor):
+                    raise ValueError(
+                        f"train_step must return a tensor 'loss'; it returned {sorted(out)}"
+                    )
+                ctx.backward(loss, scale=accum)
+            for key, value in out.items():
+                share = torch.as_tensor(value).detach().float() / accum
+                sums[key] = sums[key] + share if key in sums else share
+        if self.clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+            check_finite(norm, "grad_norm", ctx.step)
+            sums["grad_norm"] = norm.detach()
+        lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this step uses
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"lr": lr, **sums}
+
+    def modules(self) -> Mapping[str, nn.Module]:
+        return {"model": self.model}
+
+    def evaluated(self) -> nn.Module:
+        return unwrap(self.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if (self.scheduler is None) != (state["scheduler"] is None):
+            raise ValueError("a scheduler must be given now if and only if it was then")
+        unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
