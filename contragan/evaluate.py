@@ -1,0 +1,212 @@
+"""``contragan evaluate``: offline metrics of a trained generator next to real-vs-real.
+
+The protocol (:mod:`contragan.metrics`): the real set is the data's test split; per seed the
+generator draws one sample per test image with that image's class (so counts per class match),
+and every figure — Fréchet distance and KID in the feature space of a classifier trained on the
+real training split, precision/recall and density/coverage (k = 5), GAN-test accuracy, CAS and
+per-class FD — is computed against it. The same figures with real training images in place of
+the samples (:func:`contragan.metrics.real_vs_real`) are the baseline each is reported next to.
+The extractor is trained once per data set and cached (``--cache-dir``); below
+``--min-extractor-accuracy`` on the test split evaluation refuses. ``--inception-weights PATH``
+adds the Inception FID of torchmetrics from weights on disk (nothing downloads).
+
+Writes ``summary.json`` (``<metric>``/``<metric>_std`` over seeds and ``real_<metric>``/
+``real_<metric>_std``), ``report.md`` with the table, and plots (per-class FD, a sample grid)
+into ``--out`` (default: ``evaluation/`` inside the run folder).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from contragan.extractor import load_or_train_extractor
+from contragan.metrics import evaluate_samples, inception_fid, real_vs_real
+from contragan.train import class_grid, load_generator
+from imagecl.data import images_and_labels, load_data
+from shared.config import parse_config
+from shared.plots import save_image_grid
+from shared.runs import RunDir, write_report, write_summary
+from shared.runtime import eval_mode, select_device
+
+__all__ = ["Config", "generate", "main", "results_table"]
+
+# the figures of the table, in order, with their direction
+FIGURES = {
+    "fd": "lower", "kid_mean": "lower", "precision": "higher", "recall": "higher",
+    "density": "higher", "coverage": "higher", "gan_test_acc": "higher", "cas_acc": "higher",
+    "intra_fd_mean": "lower",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Config:
+    """Offline metrics of a contragan checkpoint, each next to its real-vs-real value."""
+
+    checkpoint: Path | None = None
+    data_root: Path | None = None  # where the run's data set lies now (default: as trained)
+    seeds: int = 3  # generated sets (and real-vs-real draws): seeds seed .. seed + seeds - 1
+    ema: bool = True  # the EMA generator when the run kept one
+    cache_dir: Path = Path("runs/contragan/extractors")
+    min_extractor_accuracy: float = 0.95
+    extractor_epochs: int = 12
+    cas_epochs: int = 12
+    inception_weights: Path | None = None  # torch-fidelity's Inception weights on disk
+    out: Path | None = None  # default: <run>/evaluation
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("seeds", "extractor_epochs", "cas_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.min_extractor_accuracy <= 1.0:
+            raise ValueError(
+                f"min_extractor_accuracy must be in [0, 1], got {self.min_extractor_accuracy}"
+            )
+
+
+QUICK: dict[str, Any] = {"seeds": 1, "cas_epochs": 4}
+
+
+@torch.no_grad()
+def generate(
+    generator: nn.Module,
+    labels: Tensor,
+    *,
+    z_dim: int,
+    seed: int,
+    device: torch.device,
+    batch_size: int = 500,
+) -> Tensor:
+    """One sample per label, ``z`` from ``seed`` alone; float in [-1, 1] on the CPU.
+
+    Shape: labels ``(N,)`` -> ``(N, C, H, W)``
+    """
+    rng = torch.Generator().manual_seed(seed)
+    out = []
+    with eval_mode(generator):
+        for y in torch.split(labels, batch_size):
+            z = torch.randn(y.shape[0], z_dim, generator=rng).to(device)
+            out.append(generator(z, y.to(device)).float().clamp(-1, 1).cpu())
+    return torch.cat(out)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan
+    return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else 0.0
+
+
+def results_table(
+    generated: dict[str, tuple[float, float]], real: dict[str, tuple[float, float]]
+) -> str:
+    """Markdown: every figure, generated (mean ± std) next to real-vs-real."""
+    lines = ["| figure | better | generated | real vs real |", "|---|---|---|---|"]
+    for key, better in FIGURES.items():
+        g, r = generated[key], real[key]
+        lines.append(f"| {key} | {better} | {g[0]:.4g} ± {g[1]:.2g} | {r[0]:.4g} ± {r[1]:.2g} |")
+    return "\n".join(lines)
+
+
+def _plot_intra_fd(
+    generated: dict[str, tuple[float, float]], real: dict[str, tuple[float, float]], path: Path
+) -> Path:
+    from matplotlib.figure import Figure
+
+    classes = sorted(int(k.split("/")[1]) for k in generated if k.startswith("intra_fd/"))
+    fig = Figure(figsize=(max(4.0, 0.5 * len(classes) + 2), 3.2))
+    ax = fig.subplots()
+    width = 0.4
+    bars = ((-width / 2, "generated", generated), (width / 2, "real vs real", real))
+    for shift, label, source in bars:
+        values = [source[f"intra_fd/{c}"][0] for c in classes]
+        ax.bar([c + shift for c in classes], values, width, label=label)
+    ax.set_xlabel("class")
+    ax.set_ylabel("Fréchet distance within the class")
+    ax.set_xticks(classes)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``contragan evaluate --checkpoint RUN/checkpoints/last.pt [options]``."""
+    cfg = parse_config(Config, argv, prog="contragan evaluate", presets={"quick": QUICK})
+    if cfg.checkpoint is None:
+        raise ValueError("--checkpoint is required (a run's checkpoints/last.pt)")
+    if cfg.inception_weights is not None and not cfg.inception_weights.expanduser().is_file():
+        raise FileNotFoundError(f"--inception-weights {cfg.inception_weights} does not exist")
+    device = select_device(cfg.device)
+    train_cfg, arch, generator = load_generator(cfg.checkpoint, device=device, ema=cfg.ema)
+    data = load_data(
+        train_cfg.data, root=cfg.data_root or train_cfg.data_root, seed=train_cfg.seed,
+        image_size=train_cfg.image_size,
+    )  # fmt: skip
+    cached = load_or_train_extractor(
+        data, train_cfg.data, cache_dir=cfg.cache_dir, seed=cfg.seed, device=device,
+        min_accuracy=cfg.min_extractor_accuracy, epochs=cfg.extractor_epochs,
+    )  # fmt: skip
+    test_images, test_labels = images_and_labels(data.test)
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    runs = []
+    for seed in seeds:
+        fake = generate(generator, test_labels, z_dim=arch.z_dim, seed=seed, device=device)
+        runs.append(
+            evaluate_samples(
+                cached.extractor,
+                test_images,
+                test_labels,
+                fake,
+                test_labels,
+                test_images=test_images,
+                test_labels=test_labels,
+                seed=seed,
+                cas_epochs=cfg.cas_epochs,
+                device=device,
+            )
+        )
+    generated = {key: _mean_std([run[key] for run in runs]) for key in runs[0]}
+    real = real_vs_real(
+        cached.extractor, data, seeds=seeds, cas_epochs=cfg.cas_epochs, device=device
+    )
+    out = RunDir(cfg.out or Path(cfg.checkpoint).resolve().parent.parent / "evaluation")
+    out.plots.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {
+        "checkpoint": str(cfg.checkpoint), "data": train_cfg.data, "loss": train_cfg.loss,
+        "seeds": len(seeds), "extractor_test_accuracy": cached.test_accuracy,
+    }  # fmt: skip
+    for key in generated:
+        summary[key], summary[f"{key}_std"] = generated[key]
+        summary[f"real_{key}"], summary[f"real_{key}_std"] = real[key]
+    if cfg.inception_weights is not None:
+        fake = generate(generator, test_labels, z_dim=arch.z_dim, seed=cfg.seed, device=device)
+        summary["inception_fid"] = inception_fid(test_images, fake, cfg.inception_weights, device)
+    _plot_intra_fd(generated, real, out.plots / "intra_class_fd.png")
+    classes = list(range(arch.num_classes))
+    grid = class_grid(generator, classes, 8, z_dim=arch.z_dim, device=device, seed=cfg.seed)
+    save_image_grid(grid if grid.shape[1] in (1, 3) else grid[:, :3], out.plots / "samples.png")
+    write_summary(out.summary_path, summary)
+    sections = {
+        "Protocol": (
+            f"{len(test_labels)} generated images per seed (the test split's classes) against "
+            f"the {len(test_labels)} test images of {train_cfg.data}, in the feature space of a "
+            f"classifier trained on its train split (test accuracy "
+            f"{100 * cached.test_accuracy:.1f} %); {len(seeds)} seed(s), mean ± std. Real vs "
+            "real: train images in place of the samples."
+        ),
+        "Figures": results_table(generated, real),
+    }
+    title = f"contragan evaluate: {train_cfg.loss} on {train_cfg.data}"
+    write_report(out, title, sections, summary=summary)
+    print(results_table(generated, real))
+    return summary

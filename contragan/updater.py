@@ -1,0 +1,196 @@
+"""One GAN training step for :func:`shared.train.fit_updater`: ``n_dis`` D steps, one G step.
+
+:class:`GanUpdater` is the GAN's :class:`~shared.updaters.Updater`. A step takes ``n_dis`` real
+batches: for each, fakes from fresh ``z`` and uniformly drawn classes (no gradient into G), one
+forward of D over real and fake together (one DDP forward; D has no batch norm, so this equals
+two forwards), the discriminator loss, one D optimizer step. Then G makes ``batch_size`` fakes,
+D scores them (unwrapped: no DDP all-reduce of D's gradients, which the next D step discards)
+and G takes one step. The EMA generator copies G until ``ema_start`` and averages it after
+(decay ``ema_decay``, StudioGAN's 0.9999 from step 1000); G's buffers (batch-norm statistics,
+spectral-norm vectors) are copied, not averaged. DiffAugment, when on, is applied to real and
+fake alike before D. Real images arrive as uint8 and become [-1, 1] on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from contragan.diffaug import diff_augment
+from contragan.losses import AdvLoss, discriminator_loss, generator_loss
+from contragan.models import DiscOutput, GanLoss
+from shared.runtime import unwrap
+from shared.updaters import StepContext, Updater
+
+__all__ = ["GanUpdater", "to_signed"]
+
+
+def to_signed(images: Tensor) -> Tensor:
+    """uint8 images in 0..255 -> float in [-1, 1] (the generator's tanh range)."""
+    return images.float().div(127.5).sub(1.0)
+
+
+def _split(out: DiscOutput, n: int) -> tuple[DiscOutput, DiscOutput]:
+    """The first ``n`` rows of every field and the rest."""
+    logits = out.class_logits
+    first = DiscOutput(
+        out.adv[:n], out.embedding[:n], out.proxy[:n], None if logits is None else logits[:n]
+    )
+    rest = DiscOutput(
+        out.adv[n:], out.embedding[n:], out.proxy[n:], None if logits is None else logits[n:]
+    )
+    return first, rest
+
+
+def _float(out: DiscOutput) -> DiscOutput:
+    """Losses run in float32 outside autocast."""
+    logits = out.class_logits
+    return DiscOutput(
+        out.adv.float(), out.embedding.float(), out.proxy.float(),
+        None if logits is None else logits.float(),
+    )  # fmt: skip
+
+
+class GanUpdater(Updater):
+    """G and D (possibly DDP-wrapped), their Adam optimizers and an EMA copy of G."""
+
+    def __init__(
+        self,
+        generator: nn.Module,
+        discriminator: nn.Module,
+        *,
+        num_classes: int,
+        z_dim: int,
+        loss: GanLoss,
+        adv_loss: AdvLoss = "hinge",
+        lambda_2c: float = 1.0,
+        tau: float = 1.0,
+        ac_weight: float = 1.0,
+        n_dis: int = 5,
+        g_lr: float = 2e-4,
+        d_lr: float = 2e-4,
+        betas: tuple[float, float] = (0.5, 0.999),
+        g_batch_size: int = 64,
+        ema: bool = True,
+        ema_decay: float = 0.9999,
+        ema_start: int = 1000,
+        diffaug: str | None = None,
+        gather: bool = False,
+    ) -> None:
+        if n_dis < 1 or g_batch_size < 1 or num_classes < 1:
+            raise ValueError(
+                f"n_dis, g_batch_size and num_classes must be >= 1, got {n_dis}, "
+                f"{g_batch_size}, {num_classes}"
+            )
+        if not 0.0 <= ema_decay < 1.0 or ema_start < 0:
+            raise ValueError(
+                f"need 0 <= ema_decay < 1 and ema_start >= 0, got {ema_decay}, {ema_start}"
+            )
+        self.g, self.d = generator, discriminator
+        self.num_classes, self.z_dim = num_classes, z_dim
+        self.loss_kwargs: dict[str, Any] = {
+            "loss": loss, "adv": adv_loss, "lambda_2c": lambda_2c, "tau": tau,
+            "ac_weight": ac_weight, "gather": gather,
+        }  # fmt: skip
+        self.batches_per_step = n_dis
+        self.g_batch_size = g_batch_size
+        self.g_opt = torch.optim.Adam(generator.parameters(), lr=g_lr, betas=betas)
+        self.d_opt = torch.optim.Adam(discriminator.parameters(), lr=d_lr, betas=betas)
+        self.ema: AveragedModel | None = None
+        if ema:
+            average = get_ema_multi_avg_fn(ema_decay)  # type: ignore[no-untyped-call]
+            self.ema = AveragedModel(unwrap(generator), multi_avg_fn=average)
+        self.ema_start = ema_start
+        self.diffaug = diffaug
+
+    def _fakes(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        z = torch.randn(n, self.z_dim, device=device)
+        y = torch.randint(0, self.num_classes, (n,), device=device)
+        return z, y
+
+    def _augment(self, x: Tensor) -> Tensor:
+        return x if self.diffaug is None else diff_augment(x, self.diffaug)
+
+    def step(self, batches: Iterator[Any], ctx: StepContext) -> dict[str, Tensor | float]:
+        sums: dict[str, Tensor] = {}
+        for images, labels in batches:
+            real = to_signed(ctx.to_device(images)).contiguous(memory_format=torch.channels_last)
+            y_real = ctx.to_device(labels)
+            z, y_fake = self._fakes(real.shape[0], ctx.device)
+            with ctx.autocast():
+                with torch.no_grad():
+                    fake = unwrap(self.g)(z, y_fake)
+                both = self._augment(torch.cat([real, fake.to(real.dtype)]))
+                out = self.d(both, torch.cat([y_real, y_fake]))
+            out_real, out_fake = _split(_float(out), real.shape[0])
+            parts = discriminator_loss(out_real, out_fake, y_real, y_fake, **self.loss_kwargs)
+            self.d_opt.zero_grad(set_to_none=True)  # also what the last G step left on D
+            ctx.backward(parts["loss"], "d_loss")
+            self.d_opt.step()
+            logged = {**parts, "d_real": out_real.adv.mean(), "d_fake": out_fake.adv.mean()}
+            for key, value in logged.items():
+                name = "d_loss" if key == "loss" else key
+                share = value.detach() / self.batches_per_step
+                sums[name] = sums[name] + share if name in sums else share
+        z, y_fake = self._fakes(self.g_batch_size, ctx.device)
+        with ctx.autocast():
+            fake = self._augment(self.g(z, y_fake))
+            out = unwrap(self.d)(fake, y_fake)
+        g_parts = generator_loss(_float(out), y_fake, **self.loss_kwargs)
+        self.g_opt.zero_grad(set_to_none=True)
+        ctx.backward(g_parts["loss"], "g_loss")
+        self.g_opt.step()
+        self._update_ema(ctx.step)
+        g_logged = {("g_loss" if k == "loss" else k): v.detach() for k, v in g_parts.items()}
+        return {"lr": float(self.g_opt.param_groups[0]["lr"]), **sums, **g_logged}
+
+    @torch.no_grad()
+    def _update_ema(self, step: int) -> None:
+        if self.ema is None:
+            return
+        g = unwrap(self.g)
+        if step > self.ema_start:
+            self.ema.update_parameters(g)
+        else:  # before the start the EMA is G itself
+            for p_ema, p in zip(self.ema.module.parameters(), g.parameters(), strict=True):
+                p_ema.copy_(p)
+        for b_ema, b in zip(self.ema.module.buffers(), g.buffers(), strict=True):
+            b_ema.copy_(b)
+
+    def generator(self) -> nn.Module:
+        """The generator samples come from: the EMA copy when there is one."""
+        return unwrap(self.g) if self.ema is None else self.ema.module
+
+    def modules(self) -> Mapping[str, nn.Module]:
+        named: dict[str, nn.Module] = {"generator": self.g, "discriminator": self.d}
+        if self.ema is not None:
+            named["generator_ema"] = self.ema
+        return named
+
+    def evaluated(self) -> nn.Module:
+        return self.generator()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "generator": unwrap(self.g).state_dict(),
+            "discriminator": unwrap(self.d).state_dict(),
+            "generator_ema": None if self.ema is None else self.ema.module.state_dict(),
+            "ema_updates": None if self.ema is None else self.ema.n_averaged.clone(),
+            "g_optimizer": self.g_opt.state_dict(),
+            "d_optimizer": self.d_opt.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if (self.ema is None) != (state["generator_ema"] is None):
+            raise ValueError("an EMA generator must be kept now if and only if it was then")
+        unwrap(self.g).load_state_dict(state["generator"])
+        unwrap(self.d).load_state_dict(state["discriminator"])
+        if self.ema is not None:
+            self.ema.module.load_state_dict(state["generator_ema"])
+            self.ema.n_averaged.copy_(state["ema_updates"])
+        self.g_opt.load_state_dict(state["g_optimizer"])
+        self.d_opt.load_state_dict(state["d_optimizer"])

@@ -1,0 +1,187 @@
+"""Specification of contragan.losses: hinge and non-saturating values by hand, the 2C wiring
+(the shared loss on the right DiscOutput fields, and a float64 loop of Eq. 8), the ACGAN and
+ProjGAN terms, precision, and the argument checks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from contragan.losses import (
+    ADV_LOSSES,
+    d_hinge,
+    d_nonsaturating,
+    discriminator_loss,
+    g_hinge,
+    g_nonsaturating,
+    generator_loss,
+)
+from contragan.models import DiscOutput
+from shared.losses import conditional_contrastive_loss
+
+REAL = torch.tensor([2.0, 0.5, -1.0])
+FAKE = torch.tensor([-2.0, 0.0, 1.0])
+
+
+def _softplus(v: float) -> float:
+    return math.log1p(math.exp(v))
+
+
+def test_hinge_values_by_hand() -> None:
+    # relu(1 - real) = (0, 0.5, 2); relu(1 + fake) = (0, 1, 2)
+    assert float(d_hinge(REAL, FAKE)) == pytest.approx(2.5 / 3 + 1.0)
+    assert float(g_hinge(FAKE)) == pytest.approx(-(-2.0 + 0.0 + 1.0) / 3)
+    # confident and correct: no loss
+    assert float(d_hinge(torch.tensor([1.0, 3.0]), torch.tensor([-1.0, -5.0]))) == 0.0
+
+
+def test_nonsaturating_values_by_hand() -> None:
+    d_expected = sum(_softplus(-r) for r in REAL.tolist()) / 3
+    d_expected += sum(_softplus(f) for f in FAKE.tolist()) / 3
+    assert float(d_nonsaturating(REAL, FAKE)) == pytest.approx(d_expected)
+    g_expected = sum(_softplus(-f) for f in FAKE.tolist()) / 3
+    assert float(g_nonsaturating(FAKE)) == pytest.approx(g_expected)
+    zeros = torch.zeros(4)
+    assert float(d_nonsaturating(zeros, zeros)) == pytest.approx(2 * math.log(2))
+    assert float(g_nonsaturating(zeros)) == pytest.approx(math.log(2))
+
+
+def test_adv_losses_table() -> None:
+    assert ADV_LOSSES == {
+        "hinge": (d_hinge, g_hinge),
+        "nonsaturating": (d_nonsaturating, g_nonsaturating),
+    }
+
+
+def test_adversarial_losses_compute_in_fp32() -> None:
+    half = REAL.bfloat16()
+    assert d_hinge(half, half).dtype == torch.float32
+    assert g_nonsaturating(half).dtype == torch.float32
+    assert g_hinge(REAL.double()).dtype == torch.float64
+
+
+def _outputs(n: int, dim: int, classes: int, seed: int, logits: bool = False) -> DiscOutput:
+    g = torch.Generator().manual_seed(seed)
+    return DiscOutput(
+        adv=torch.randn(n, generator=g, dtype=torch.float64),
+        embedding=torch.randn(n, dim, generator=g, dtype=torch.float64),
+        proxy=torch.randn(n, dim, generator=g, dtype=torch.float64),
+        class_logits=torch.randn(n, classes, generator=g, dtype=torch.float64) if logits else None,
+    )
+
+
+def _two_c_loop(embedding: Tensor, proxy: Tensor, labels: Tensor, tau: float) -> float:
+    """Eq. 8 of ContraGAN written out with a Python loop (REFERENCES.md, "2C loss")."""
+    l = F.normalize(embedding, dim=1).tolist()
+    e = F.normalize(proxy, dim=1).tolist()
+    y = labels.tolist()
+    n = len(y)
+
+    def sim(a: list[float], b: list[float]) -> float:
+        return math.exp(sum(p * q for p, q in zip(a, b, strict=True)) / tau)
+
+    total = 0.0
+    for i in range(n):
+        to_proxy = sim(l[i], e[i])
+        numerator = to_proxy + sum(sim(l[i], l[k]) for k in range(n) if k != i and y[k] == y[i])
+        denominator = to_proxy + sum(sim(l[i], l[k]) for k in range(n) if k != i)
+        total -= math.log(numerator / denominator)
+    return total / n
+
+
+@pytest.mark.parametrize(("lambda_2c", "tau"), [(1.0, 1.0), (0.5, 0.3)])
+def test_2c_wiring_in_the_discriminator_loss(lambda_2c: float, tau: float) -> None:
+    real, fake = _outputs(6, 5, 3, seed=0), _outputs(6, 5, 3, seed=1)
+    y_real, y_fake = torch.tensor([0, 1, 0, 2, 1, 0]), torch.tensor([2, 2, 1, 0, 1, 0])
+    parts = discriminator_loss(
+        real, fake, y_real, y_fake, loss="contra", lambda_2c=lambda_2c, tau=tau
+    )
+    assert set(parts) == {"loss", "d_adv", "d_2c"}
+    shared = conditional_contrastive_loss(real.embedding, real.proxy, y_real, temperature=tau)
+    torch.testing.assert_close(parts["d_2c"], shared)
+    assert float(parts["d_2c"]) == pytest.approx(
+        _two_c_loop(real.embedding, real.proxy, y_real, tau), rel=1e-12
+    )
+    torch.testing.assert_close(parts["d_adv"], d_hinge(real.adv, fake.adv))
+    torch.testing.assert_close(parts["loss"], parts["d_adv"] + lambda_2c * parts["d_2c"])
+
+
+@pytest.mark.parametrize(("lambda_2c", "tau"), [(1.0, 1.0), (2.0, 0.1)])
+def test_2c_wiring_in_the_generator_loss(lambda_2c: float, tau: float) -> None:
+    fake, y_fake = _outputs(5, 4, 3, seed=2), torch.tensor([1, 1, 0, 2, 0])
+    parts = generator_loss(
+        fake, y_fake, loss="contra", adv="nonsaturating", lambda_2c=lambda_2c, tau=tau
+    )
+    assert set(parts) == {"loss", "g_adv", "g_2c"}
+    assert float(parts["g_2c"]) == pytest.approx(
+        _two_c_loop(fake.embedding, fake.proxy, y_fake, tau), rel=1e-12
+    )
+    torch.testing.assert_close(parts["g_adv"], g_nonsaturating(fake.adv))
+    torch.testing.assert_close(parts["loss"], parts["g_adv"] + lambda_2c * parts["g_2c"])
+
+
+def test_discriminator_2c_reads_real_images_only() -> None:
+    real, y = _outputs(4, 3, 2, seed=3), torch.tensor([0, 1, 1, 0])
+    fake_a, fake_b = _outputs(4, 3, 2, seed=4), _outputs(4, 3, 2, seed=5)
+    fake_b = fake_b._replace(adv=fake_a.adv)
+    a = discriminator_loss(real, fake_a, y, y, loss="contra")
+    b = discriminator_loss(real, fake_b, y, y, loss="contra")
+    torch.testing.assert_close(a["loss"], b["loss"])
+
+
+def test_acgan_terms() -> None:
+    real, fake = _outputs(4, 3, 5, seed=6, logits=True), _outputs(4, 3, 5, seed=7, logits=True)
+    y_real, y_fake = torch.tensor([0, 4, 2, 2]), torch.tensor([1, 3, 3, 0])
+    assert real.class_logits is not None and fake.class_logits is not None
+    ce_real = F.cross_entropy(real.class_logits, y_real)
+    ce_fake = F.cross_entropy(fake.class_logits, y_fake)
+    d = discriminator_loss(real, fake, y_real, y_fake, loss="ac", ac_weight=0.25)
+    assert set(d) == {"loss", "d_adv", "d_ac"}
+    torch.testing.assert_close(d["d_ac"], ce_real + ce_fake)
+    torch.testing.assert_close(d["loss"], d_hinge(real.adv, fake.adv) + 0.25 * (ce_real + ce_fake))
+    g = generator_loss(fake, y_fake, loss="ac")
+    assert set(g) == {"loss", "g_adv", "g_ac"}
+    torch.testing.assert_close(g["loss"], g_hinge(fake.adv) + ce_fake)
+
+
+def test_projection_loss_is_adversarial_only() -> None:
+    real, fake, y = _outputs(3, 2, 2, seed=8), _outputs(3, 2, 2, seed=9), torch.tensor([0, 1, 0])
+    d = discriminator_loss(real, fake, y, y, loss="proj", adv="nonsaturating")
+    assert set(d) == {"loss", "d_adv"}
+    torch.testing.assert_close(d["loss"], d_nonsaturating(real.adv, fake.adv))
+    g = generator_loss(fake, y, loss="proj")
+    assert set(g) == {"loss", "g_adv"}
+    torch.testing.assert_close(g["loss"], g_hinge(fake.adv))
+
+
+BAD_SETTINGS: list[tuple[dict[str, Any], str]] = [
+    ({"loss": "wgan"}, "loss must be one of"),
+    ({"loss": "contra", "adv": "wasserstein"}, "adv must be one of"),
+    ({"loss": "contra", "lambda_2c": -0.1}, "lambda_2c must be a finite number >= 0"),
+    ({"loss": "contra", "lambda_2c": math.nan}, "lambda_2c must be a finite number >= 0"),
+    ({"loss": "ac", "ac_weight": -1.0}, "ac_weight must be a finite number >= 0"),
+    ({"loss": "contra", "tau": 0.0}, "tau must be a finite number > 0"),
+    ({"loss": "contra", "tau": math.inf}, "tau must be a finite number > 0"),
+]
+
+
+@pytest.mark.parametrize(("settings", "message"), BAD_SETTINGS)
+def test_bad_settings_raise(settings: dict[str, Any], message: str) -> None:
+    out, y = _outputs(2, 3, 2, seed=10, logits=True), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match=message):
+        discriminator_loss(out, out, y, y, **settings)
+    with pytest.raises(ValueError, match=message):
+        generator_loss(out, y, **settings)
+
+
+def test_acgan_without_class_logits_raises() -> None:
+    out, y = _outputs(2, 3, 2, seed=11), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="needs class_logits"):
+        discriminator_loss(out, out, y, y, loss="ac")
+    with pytest.raises(ValueError, match="needs class_logits"):
+        generator_loss(out, y, loss="ac")

@@ -1,0 +1,199 @@
+"""contragan train and sample end to end: the run folder, exact resume of a GAN run, the EMA,
+bad arguments and bad checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import safetensors.torch
+import torch
+
+from contragan.cli import main as cli_main
+from contragan.evaluate import main as evaluate_main
+from contragan.sample import main as sample_main
+from contragan.sample import parse_classes
+from contragan.train import load_generator
+from contragan.train import main as train_main
+from contragan.updater import GanUpdater
+from shared.checkpoint import load_checkpoint
+from shared.updaters import StepContext
+
+# digits at 16×16, narrow networks: a step takes a fraction of a second on one core
+TINY = [
+    "--data", "digits", "--image-size", "16", "--arch", "digits", "--width", "8",
+    "--batch-size", "16", "--n-dis", "2", "--ema-start", "2", "--ema-decay", "0.9",
+    "--log-every", "1", "--device", "cpu", "--amp", "off",
+]  # fmt: skip
+
+
+def _train(out: Path, *extra: str) -> dict[str, Any]:
+    return train_main([*TINY, "--out", str(out), *extra])
+
+
+@pytest.mark.parametrize("loss", ["contra", "proj", "ac"])
+def test_train_writes_the_run_folder(tmp_path: Path, loss: str) -> None:
+    out = tmp_path / loss
+    summary = _train(out, "--loss", loss, "--max-steps", "3", "--eval-every", "2")
+    for name in ("config.json", "arch.json", "metrics.csv", "summary.json", "report.md",
+                 "generator.safetensors", "checkpoints/last.pt", "plots/samples.png",
+                 "plots/losses.png", "samples/grid_0001.png", "samples/grid_0002.png"):  # fmt: skip
+        assert (out / name).is_file(), name
+    assert summary["steps"] == 3 and summary["loss"] == loss
+    header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
+    extra = {"contra": "d_2c", "ac": "d_ac", "proj": "d_adv"}[loss]
+    assert {"d_loss", "g_loss", "d_real", "d_fake", extra} <= set(header)
+    exported = safetensors.torch.load_file(out / "generator.safetensors")
+    _, _, generator = load_generator(out / "checkpoints" / "last.pt", device=torch.device("cpu"))
+    for name, value in generator.state_dict().items():
+        assert torch.equal(exported[name], value), name
+    assert "samples.png" in (out / "report.md").read_text()
+
+
+def test_resume_after_a_crash_reaches_the_uninterrupted_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GAN run killed after a mid-epoch checkpoint and resumed ends with the G, D, EMA and
+    optimizer states and metrics.csv bytes of the uninterrupted run."""
+    args = ("--max-steps", "7", "--checkpoint-every", "3", "--eval-every", "3")
+    _train(tmp_path / "whole", *args)
+    original = GanUpdater.step
+
+    def crashing(self: GanUpdater, batches: Iterator[Any], ctx: StepContext) -> Any:
+        if ctx.step == 5:
+            raise RuntimeError("preempted")
+        return original(self, batches, ctx)
+
+    monkeypatch.setattr(GanUpdater, "step", crashing)
+    with pytest.raises(RuntimeError, match="preempted"):
+        _train(tmp_path / "parts", *args)
+    monkeypatch.setattr(GanUpdater, "step", original)
+    _train(tmp_path / "parts", *args, "--resume")
+
+    whole = load_checkpoint(tmp_path / "whole" / "checkpoints" / "last.pt")
+    parts = load_checkpoint(tmp_path / "parts" / "checkpoints" / "last.pt")
+    for key in ("generator", "discriminator", "generator_ema"):
+        for name, value in whole[key].items():
+            assert torch.equal(parts[key][name], value), f"{key}.{name}"
+    for key in ("g_optimizer", "d_optimizer"):
+        for index, state in whole[key]["state"].items():
+            for name, value in state.items():
+                assert torch.equal(parts[key]["state"][index][name], value), f"{key}.{name}"
+    assert torch.equal(parts["ema_updates"], whole["ema_updates"])
+    metrics = [(tmp_path / run / "metrics.csv").read_bytes() for run in ("whole", "parts")]
+    assert metrics[0] == metrics[1]
+
+
+def test_the_ema_generator_copies_then_averages(tmp_path: Path) -> None:
+    _train(tmp_path / "ema", "--max-steps", "1", "--ema-start", "2")
+    one = load_checkpoint(tmp_path / "ema" / "checkpoints" / "last.pt")
+    for name, value in one["generator"].items():  # before ema_start the EMA is G
+        assert torch.equal(one["generator_ema"][name], value), name
+    _train(tmp_path / "ema", "--max-steps", "4", "--ema-start", "2", "--resume")
+    four = load_checkpoint(tmp_path / "ema" / "checkpoints" / "last.pt")
+    assert int(four["ema_updates"]) == 2  # steps 3 and 4
+    name = next(k for k in four["generator"] if k.endswith("original"))
+    assert not torch.equal(four["generator_ema"][name], four["generator"][name])
+
+
+def test_sample_draws_one_row_per_class_reproducibly(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _train(out, "--max-steps", "1")
+    ckpt = str(out / "checkpoints" / "last.pt")
+    args = ["--checkpoint", ckpt, "--classes", "0-2,7", "--per-class", "3", "--device", "cpu"]
+    first = sample_main(
+        [*args, "--out", str(tmp_path / "a.png"), "--tensors", str(tmp_path / "a.st")]
+    )
+    sample_main([*args, "--out", str(tmp_path / "b.png"), "--tensors", str(tmp_path / "b.st")])
+    assert first["classes"] == [0, 1, 2, 7] and (tmp_path / "a.png").is_file()
+    a, b = (safetensors.torch.load_file(tmp_path / f"{x}.st") for x in "ab")
+    assert torch.equal(a["images"], b["images"])
+    assert a["images"].shape == (12, 1, 16, 16) and a["images"].abs().max() <= 1
+    assert a["labels"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 7, 7, 7]
+
+
+def test_parse_classes() -> None:
+    assert parse_classes("all", 3) == [0, 1, 2]
+    assert parse_classes("0-2, 5", 10) == [0, 1, 2, 5]
+    with pytest.raises(ValueError, match=r"outside 0\.\.9"):
+        parse_classes("8-11", 10)
+    with pytest.raises(ValueError, match="'x' is not a class"):
+        parse_classes("1,x", 10)
+    with pytest.raises(ValueError, match="'5-2' is not a class"):
+        parse_classes("5-2", 10)
+
+
+def test_bad_checkpoints_get_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["sample", "--checkpoint", str(tmp_path / "none.pt")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    out = tmp_path / "run"
+    _train(out, "--max-steps", "1")
+    last = out / "checkpoints" / "last.pt"
+    (out / "arch.json").rename(out / "arch.moved")
+    assert cli_main(["sample", "--checkpoint", str(last), "--device", "cpu"]) == 2
+    assert "arch.json does not exist" in capsys.readouterr().err
+    (out / "arch.moved").rename(out / "arch.json")
+    last.write_bytes(b"not a checkpoint")
+    assert cli_main(["sample", "--checkpoint", str(last), "--device", "cpu"]) == 2
+    assert str(last) in capsys.readouterr().err
+    arch = json.loads((out / "arch.json").read_text())
+    (out / "arch.json").write_text(json.dumps({**arch, "bogus": 1}))
+    with pytest.raises(ValueError, match="not an architecture"):
+        load_generator(last, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--n-dis", "0"], "n_dis must be >= 1"),
+        (["--tau", "0"], "tau must be > 0"),
+        (["--ema-decay", "1.0"], "ema_decay must lie in"),
+        (["--batch-size", "2000"], "fewer than one step's batch_size"),
+    ],
+)
+def test_bad_arguments_get_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    code = cli_main(["train", *TINY, "--out", str(tmp_path / "bad"), *flags])
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main([]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in ("train", "sample", "evaluate"))
+    with pytest.raises(SystemExit):
+        cli_main(["train", "--loss", "wgan"])
+
+
+def test_evaluate_reports_every_figure_next_to_real_vs_real(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    _train(out, "--max-steps", "1")
+    ckpt = str(out / "checkpoints" / "last.pt")
+    common = ["--checkpoint", ckpt, "--device", "cpu", "--cache-dir", str(tmp_path / "cache"),
+              "--extractor-epochs", "1", "--cas-epochs", "1", "--seeds", "2"]  # fmt: skip
+    # an extractor this weak is refused unless the threshold is lowered
+    assert cli_main(["evaluate", *common]) == 2
+    assert "below the required 0.9500" in capsys.readouterr().err
+    summary = evaluate_main([*common, "--min-extractor-accuracy", "0"])
+    for key in ("fd", "kid_mean", "precision", "recall", "density", "coverage", "gan_test_acc",
+                "cas_acc", "intra_fd_mean"):  # fmt: skip
+        assert math.isfinite(summary[key]) and math.isfinite(summary[f"real_{key}"]), key
+        assert f"{key}_std" in summary and f"real_{key}_std" in summary
+    assert summary["seeds"] == 2 and 0 <= summary["extractor_test_accuracy"] <= 1
+    report = (out / "evaluation" / "report.md").read_text()
+    assert "| fd | lower |" in report and "real vs real" in report
+    assert (out / "evaluation" / "plots" / "intra_class_fd.png").is_file()
+    missing = str(tmp_path / "inception.pth")
+    assert cli_main(["evaluate", *common, "--inception-weights", missing]) == 2
+    assert "inception.pth does not exist" in capsys.readouterr().err
+    assert cli_main(["evaluate", "--seeds", "0"]) == 2
+    assert "seeds must be >= 1" in capsys.readouterr().err
