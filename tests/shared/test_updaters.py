@@ -4,8 +4,6 @@ single-optimizer updater is what ``fit`` runs, evaluation runs once on rank 0 un
 from __future__ import annotations
 
 import copy
-import os
-import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,6 @@ from shared.runs import RunDir
 from shared.runtime import (
     DistEnv,
     cleanup_distributed,
-    init_distributed,
     make_loader,
     seed_everything,
     unwrap,
@@ -37,6 +34,7 @@ from shared.train import (
     fit,
     fit_updater,
 )
+from tests.shared.test_train import WORLD, _free_port, _join
 
 CPU = torch.device("cpu")
 
@@ -300,26 +298,9 @@ def test_a_nan_in_any_loss_names_it(tmp_path: Path) -> None:
 
 # Distributed: G and D wrapped in DDP on 2 gloo ranks; evaluation runs on rank 0 alone.
 
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
 
 def _ddp_gan_worker(rank: int, port: int, folder: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(WORLD),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    env = init_distributed(CPU)
+    env = _join(rank, port)
     calls: list[int] = []
 
     def evaluate(ema: nn.Module) -> dict[str, float]:
