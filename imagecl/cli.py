@@ -1,8 +1,8 @@
 """The ``imagecl`` console script: ``imagecl <command> [options]``.
 
 ``train`` (SimCLR, SupCon, cross-entropy, CLAE or LoCo), ``eval`` (linear probe, kNN,
-corruptions and attacks on a trained encoder) and ``finetune`` (SimCLR's semi-supervised
-protocol against scratch).
+corruptions and attacks on a trained encoder), ``finetune`` (SimCLR's semi-supervised
+protocol against scratch) and ``study`` (the papers' findings as grids of small runs).
 """
 
 from __future__ import annotations
@@ -31,11 +31,21 @@ def _finetune(argv: list[str]) -> Any:
     return main(argv)
 
 
+def _study(argv: list[str]) -> Any:
+    from imagecl.studies import main
+
+    status = main(argv)  # the study's own dispatch: `imagecl study <name> [options]`
+    if status:
+        raise SystemExit(status)
+    return status
+
+
 # name -> (one-line help, main(argv))
 PIPELINES: dict[str, tuple[str, PipelineMain]] = {
     "train": ("train an encoder: --method simclr|supcon|ce|clae|loco", _train),
     "eval": ("evaluate a trained encoder: probe, kNN, corruptions", _eval),
     "finetune": ("fine-tune on a fraction of the labels, against scratch", _finetune),
+    "study": ("run a study: tau-lambda|feature-suppression|augmentations|head|...", _study),
 }
 
 

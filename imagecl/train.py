@@ -5,7 +5,8 @@ only in the loss of :func:`train_step`:
 
 * ``simclr`` (Chen et al. 2020): two views, NT-Xent on z = g(h) (τ = 0.5, the CIFAR setting),
   every rank's samples as negatives under DDP; ``--queue-size K`` adds the last K keys as
-  extra negatives (MoCo's queue, for small batches).
+  extra negatives (MoCo's queue, for small batches); ``--loss nt_logistic|triplet|generalized``
+  swaps NT-Xent for SimCLR's alternatives or the generalized loss (:mod:`imagecl.losses`).
 * ``supcon`` (Khosla et al. 2020): ``views`` views, ``L_out`` (or ``L_in``) with the labels
   (τ = 0.1); the two-stage protocol is this pre-training followed by ``imagecl eval``'s linear
   classifier on frozen h, the joint variant (``--joint-classifier``) trains a classifier on
@@ -42,11 +43,13 @@ from imagecl.data import DATASETS, ImageData, collate_uint8, load_data
 from imagecl.dual_bn import adversarial_rows, convert_dual_bn
 from imagecl.evaluate import make_monitor
 from imagecl.loco import LoCoModel, loco_train_step
+from imagecl.losses import LossName, check_loss_settings, simclr_loss
 from imagecl.models import HEADS, ImageModel, ModelOutput, build_head
 from imagecl.report import finish_run, open_run
 from shared.checkpoint import load_checkpoint
 from shared.config import load_config, parse_config, save_config
-from shared.losses import MemoryQueue, nt_xent_loss, supcon_loss, two_view_info_nce_loss
+from shared.losses import MemoryQueue, supcon_loss
+from shared.losses.generalized import Prior
 from shared.optim import LARS, lars_param_groups, warmup_cosine_schedule
 from shared.runtime import (
     SINGLE_PROCESS,
@@ -112,6 +115,11 @@ class Config:
     decoder_depth: int = 0  # LoCo: extra non-shared conv layers before each unit's head
     end_to_end: bool = False  # LoCo's baseline: the same model, one head, no local losses
     queue_size: int = 0  # SimCLR: K past keys as extra negatives (0: none)
+    loss: LossName = "nt_xent"  # SimCLR's loss (imagecl.losses; SimCLR Table 4)
+    normalize: bool = True  # ℓ2-normalise z in nt_xent/nt_logistic/triplet (SimCLR Table 5)
+    prior: Prior = "uniform_hypersphere"  # generalized: the distribution term (Chen et al. 2021)
+    lam: float = 1.0  # generalized: λ of L_align + λ·L_dist
+    margin: float = 0.5  # triplet: on squared distances of normalised z (0.25 on cosines)
     online_probe: bool = True
     probe_lr: float = 0.1  # the online probe's own lr (SGD-style; no weight decay)
     compile: bool = False  # torch.compile the backbone
@@ -160,6 +168,7 @@ class Config:
             raise ValueError("simclr contrasts exactly 2 views (NT-Xent); use supcon for more")
         if self.data not in DATASETS:
             raise ValueError(f"data must be one of {DATASETS}, got {self.data!r}")
+        check_loss_settings(self)
 
     @property
     def tau(self) -> float:
@@ -357,7 +366,7 @@ def train_step(
         assert out.z is not None
         z = out.z.view(N, V, -1)  # (N, V, D)
         if cfg.base_method == "simclr":
-            loss = _simclr_loss(unwrap(model), z, cfg.tau, gather)
+            loss = simclr_loss(unwrap(model), z, cfg, gather)
         else:
             loss = supcon_loss(z, labels, temperature=cfg.tau, variant=cfg.variant, gather=gather)
         metrics["contrastive_loss"] = loss.detach()
@@ -375,18 +384,6 @@ def train_step(
         metrics["probe_loss"] = probe_loss.detach()
         loss = loss + probe_loss  # reaches the probe only: it reads h.detach()
     return {"loss": loss, **metrics}
-
-
-def _simclr_loss(model: nn.Module, z: Tensor, temperature: float, gather: bool) -> Tensor:
-    """NT-Xent, or with a queue both directions of InfoNCE against in-batch keys + queue."""
-    queue = getattr(model, "queue", None)
-    if queue is None:
-        return nt_xent_loss(z[:, 0], z[:, 1], temperature=temperature, gather=gather)
-    loss = two_view_info_nce_loss(
-        z[:, 0], z[:, 1], queue.negatives(), temperature=temperature, gather=gather
-    )
-    queue.enqueue(z.detach().flatten(0, 1))  # (2N, D) of every rank join the queue
-    return loss
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from shared.losses.generalized import (
 )
 from shared.losses.info_nce import InfoNCELoss, info_nce_loss, two_view_info_nce_loss
 from shared.losses.metrics import alignment, uniformity
+from shared.losses.nt_logistic import NTLogisticLoss, nt_logistic_loss
 from shared.losses.pairs import NPairsLoss, TripletLoss, npairs_loss, triplet_loss
 from shared.losses.queue import MemoryQueue
 from shared.losses.supcon import (
@@ -35,6 +36,7 @@ __all__ = [
     "LogSumExps",
     "MemoryQueue",
     "NPairsLoss",
+    "NTLogisticLoss",
     "NTXentLoss",
     "SupConLoss",
     "TripletLoss",
@@ -45,6 +47,7 @@ __all__ = [
     "info_nce_loss",
     "masked_logsumexp",
     "npairs_loss",
+    "nt_logistic_loss",
     "nt_xent_loss",
     "random_orthogonal",
     "sample_prior",
