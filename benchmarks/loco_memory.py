@@ -1,8 +1,17 @@
-"""Peak training memory of end-to-end SimCLR, GIM and LoCo: fit's single backward vs per-unit.
+"""Peak training memory of end-to-end SimCLR, GIM and LoCo: fit's single backward vs per-unit;
+with ``--readout``, also their readout accuracy per stage on digits-m over seeds.
 
     python benchmarks/loco_memory.py                 # CPU: small_cnn and resnet18, 256 images
     python benchmarks/loco_memory.py --device cuda --batch 512
     python benchmarks/loco_memory.py --backbones small_cnn --batch 64
+    python benchmarks/loco_memory.py --readout --seeds 3 [--epochs 25]
+
+``--readout`` trains ``imagecl train --quick --method loco`` (small CNN on digits-m, batch 128)
+as end-to-end SimCLR, GIM and LoCo for each seed, the same budget for all (``--epochs``; 25 is
+the quick preset's), reads the linear-probe accuracy of every stage from each run's summary,
+and prints one markdown table (mean ± std over seeds) with the peak memory of one training
+step of that very model and batch, for both paths below. Finished runs in ``--out`` are only
+re-evaluated.
 
 One training step — the forward of both views stacked (2 × ``--batch`` rows of 32×32) and the
 backward — of one backbone (the same initial weights every time) trained as end-to-end SimCLR,
@@ -24,6 +33,8 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import json
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +46,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.image_augment import timer
 from benchmarks.losses import peak_memory
+from imagecl import train
 from imagecl.augment import SimCLRViews
 from imagecl.backbones import build_backbone
 from imagecl.loco import LoCoModel, local_backward_step, loco_train_step
@@ -45,6 +57,12 @@ METHODS: dict[str, dict[str, Any]] = {
     "end-to-end": {"end_to_end": True},
     "GIM (overlap 0)": {"overlap": 0},
     "LoCo (overlap 1)": {"overlap": 1},
+}
+# the same three as `imagecl train --method loco` flags, and their run-folder names
+TRAIN_FLAGS: dict[str, tuple[str, list[str]]] = {
+    "end-to-end": ("e2e", ["--end-to-end"]),
+    "GIM (overlap 0)": ("gim", ["--overlap", "0"]),
+    "LoCo (overlap 1)": ("loco", ["--overlap", "1"]),
 }
 Batch = tuple[Tensor, Tensor]
 
@@ -121,12 +139,67 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             )
 
 
+def train_readout(method: str, seed: int, epochs: int, out: Path) -> dict[str, Any]:
+    """The summary of one quick LoCo-family run (trained unless finished): its steps and the
+    readout accuracy of every stage, ``stage{k}_probe_accuracy``."""
+    name, flags = TRAIN_FLAGS[method]
+    run = out / f"{name}-e{epochs}-s{seed}"
+    argv = ["--quick", "--method", "loco", *flags, "--epochs", str(epochs), "--seed", str(seed),
+            "--device", "cpu", "--out", str(run)]  # fmt: skip
+    if (run / "checkpoints" / "last.pt").is_file():
+        argv.append("--resume")  # finished: only re-evaluated
+    return train.main(argv)
+
+
+def _cell(values: list[float]) -> str:
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.fmean(values):.1f} ± {100 * spread:.1f}"
+
+
+def readout_table(seeds: int, epochs: int, out: Path) -> None:
+    """Train end-to-end, GIM and LoCo per seed; print readout per stage and peak memory."""
+    runs: dict[str, list[dict[str, Any]]] = {method: [] for method in METHODS}
+    for seed in range(seeds):
+        for method in METHODS:
+            runs[method].append(train_readout(method, seed, epochs, out))
+            (out / "readout.json").write_text(json.dumps(runs, indent=1))
+    batch = int(train.QUICK["batch_size"])
+    memory = bench_backbone("small_cnn", batch, torch.device("cpu"))
+    peak = {(r["method"], r["path"]): r["peak_mib"] for r in memory}
+    first = runs["end-to-end"][0]
+    stages = sum(1 for key in first if key.startswith("stage") and key.endswith("_probe_accuracy"))
+    print(
+        f"\ndigits-m, small CNN width 32, batch {batch}, {first['steps']} steps ({epochs} epochs), "
+        f"{seeds} seed(s): linear-probe readout accuracy (%) of each stage's pooled output, "
+        f"mean ± std; peak memory of one training step (batch {batch} × 2 views, CPU): (a) "
+        "fit's single backward, (b) per-unit backward\n"
+    )
+    head = " | ".join(f"stage {k + 1}" for k in range(stages))
+    print(f"| method | {head} | peak MiB (a) | peak MiB (b) |")
+    print("|---" * (stages + 3) + "|")
+    for method, summaries in runs.items():
+        cells = " | ".join(
+            _cell([float(s[f"stage{k}_probe_accuracy"]) for s in summaries]) for k in range(stages)
+        )
+        a, b = (peak[(method, path)] for path in PATHS)
+        print(f"| {method} | {cells} | {a:.1f} | {b:.1f} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, default=256, help="images per step (2 views each)")
     parser.add_argument("--backbones", nargs="+", default=["small_cnn", "resnet18"])
+    parser.add_argument("--readout", action="store_true", help="train and read out every stage")
+    parser.add_argument("--seeds", type=int, default=3, help="--readout: seeds 0..N-1")
+    parser.add_argument("--epochs", type=int, default=int(train.QUICK["epochs"]))
+    parser.add_argument("--out", type=Path, default=Path("runs/loco-results"))
+    parser.add_argument("--threads", type=int, default=2, help="--readout: torch threads")
     args = parser.parse_args(argv)
+    if args.readout:
+        torch.set_num_threads(args.threads)
+        readout_table(args.seeds, args.epochs, args.out)
+        return
     device = torch.device(args.device)
     print(
         f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, batch "

@@ -1,9 +1,11 @@
 """The `make demo` tour: run the quick preset of every pipeline that exists, write one report.
 
 The tour runs `examples/minimal_simclr.py` (a user-owned loop with our NT-Xent on
-scikit-learn's digits), `imagecl train --quick` (SimCLR on digits-m) and
-`graphcl pretrain --quick` → `graphcl finetune --quick` (molecules → FreeSolv), and writes
-`runs/demo/report.md` with their plots and numbers. `contragan` adds its own when it lands.
+scikit-learn's digits), `imagecl train --quick` (SimCLR on digits-m), shortened quick runs of
+`imagecl train --method clae` (adversarial views) and `--method loco` (local learning), and
+`graphcl pretrain --quick` → `graphcl finetune --quick` (molecules → FreeSolv),
+`contragan train --quick` → `contragan evaluate --quick` (ContraGAN on digits, its sample grid
+and offline metrics), and writes `runs/demo/report.md` with their plots and numbers.
 
     python examples/tour.py [--out runs/demo] [--epochs 100] [--seeds 3]
 """
@@ -11,6 +13,7 @@ scikit-learn's digits), `imagecl train --quick` (SimCLR on digits-m) and
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -28,6 +31,10 @@ from shared.plots import plot_loss_curves, plot_tsne, save_image_grid  # noqa: E
 from shared.runs import RunDir, write_report, write_summary  # noqa: E402
 
 CPU = torch.device("cpu")
+# The CLAE and LoCo sections: the quick preset cut to 10 of its 25 epochs (100 steps of batch
+# 128), about a minute each on 2 CPU cores; benchmarks/imagecl_robust_results.py has the
+# full-budget, 3-seed comparisons.
+SHORT_EPOCHS = 10
 
 
 def simclr_digits_section(out: RunDir, epochs: int, seeds: int) -> tuple[dict[str, object], str]:
@@ -129,6 +136,123 @@ def imagecl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
     return numbers, text
 
 
+def _quick_run(out: RunDir, name: str, seed: int, epochs: int, flags: list[str]) -> Path:
+    """`imagecl train --quick --epochs E [flags]` into `out/<name>`, a fresh folder."""
+    from imagecl import train
+
+    run = Path(out.path) / name
+    if run.exists():
+        shutil.rmtree(run)
+    train.main(["--quick", "--epochs", str(epochs), "--seed", str(seed), "--device", "cpu",
+                "--out", str(run), *flags])  # fmt: skip
+    return run
+
+
+def _copy_plots(run: Path, out: RunDir, prefix: str, names: tuple[str, ...]) -> None:
+    for plot in names:
+        shutil.copy(run / "plots" / f"{plot}.png", out.plots / f"{prefix}_{plot}.png")
+
+
+def clae_section(
+    out: RunDir, seed: int, epochs: int = SHORT_EPOCHS
+) -> tuple[dict[str, object], str]:
+    """`imagecl train --quick --method clae`, shortened: clean and PGD-robust probe accuracy,
+    against the same budget of plain SimCLR (whose run also gets the attack)."""
+    from imagecl import train
+    from imagecl.evaluate import evaluate_encoder
+    from imagecl.report import RUN_ATTACK_EPS, RUN_ATTACK_STEPS
+
+    start = time.perf_counter()
+    clae = _quick_run(out, "imagecl-clae", seed, epochs, ["--method", "clae"])
+    seconds = time.perf_counter() - start
+    _copy_plots(clae, out, "imagecl_clae", ("training", "robust_accuracy"))
+    clae_summary = json.loads((clae / "summary.json").read_text())
+    simclr = _quick_run(out, "imagecl-simclr-short", seed, epochs, ["--method", "simclr"])
+    _, data, model = train.load_trained(simclr / "checkpoints" / "last.pt", device=CPU)
+    plain = evaluate_encoder(
+        model.backbone, data, device=CPU, seed=seed, knn_k=(), attack="pgd",
+        eps=RUN_ATTACK_EPS, attack_steps=RUN_ATTACK_STEPS,
+    )  # fmt: skip
+    rows = {
+        "SimCLR": (plain["linear_probe_accuracy"], plain["pgd_robust_accuracy"]),
+        "SimCLR + CLAE": (
+            clae_summary["linear_probe_accuracy"], clae_summary["pgd_robust_accuracy"]
+        ),
+    }  # fmt: skip
+    numbers: dict[str, object] = {
+        f"imagecl_{key}_digits_m/{what}": value
+        for key, (clean, robust) in zip(("simclr_short", "clae"), rows.values(), strict=True)
+        for what, value in (("linear_probe_accuracy", clean), ("pgd_robust_accuracy", robust))
+    }
+    numbers["imagecl_clae_digits_m/steps"] = clae_summary["steps"]
+    numbers["imagecl_clae_digits_m/seconds"] = round(seconds, 1)
+    table = "| method | probe accuracy (%) | PGD-robust probe accuracy (%) |\n|---|---|---|\n"
+    table += "\n".join(
+        f"| {name} | {100 * clean:.1f} | {100 * robust:.1f} |"
+        for name, (clean, robust) in rows.items()
+    )
+    text = (
+        f"`imagecl train --quick --method clae --epochs {epochs}`: SimCLR plus an adversarial "
+        "view (one FGSM step of ε = 0.015 in pixel units from view 1, climbing the NT-Xent "
+        "between them) with loss L(x1, x2) + L(x1, x_adv), the adversarial rows through their "
+        f"own batch norm; {clae_summary['steps']} steps ({seconds:.0f} s). The linear probe on "
+        f"frozen h is then attacked end to end with PGD-{RUN_ATTACK_STEPS} at ε = "
+        f"{255 * RUN_ATTACK_EPS:.0f}/255 (the `robust_accuracy` plot); plain SimCLR with the same "
+        f"budget for comparison (one seed):\n\n{table}\n\nRun folder `{clae}`; "
+        "`benchmarks/imagecl_robust_results.py` repeats this over seeds at the full quick budget, "
+        "SupCon with and without adversarial views included."
+    )
+    return numbers, text
+
+
+def loco_section(
+    out: RunDir, seed: int, epochs: int = SHORT_EPOCHS
+) -> tuple[dict[str, object], str]:
+    """`imagecl train --quick --method loco`, shortened: the readout probe after every stage."""
+    from imagecl.backbones import build_backbone
+    from imagecl.data import load_data
+    from imagecl.evaluate import evaluate_encoder
+    from imagecl.loco import LoCoModel
+    from imagecl.report import stage_readouts
+
+    start = time.perf_counter()
+    run = _quick_run(out, "imagecl-loco", seed, epochs, ["--method", "loco"])
+    seconds = time.perf_counter() - start
+    _copy_plots(run, out, "imagecl_loco", ("loco_readout", "training"))
+    summary = json.loads((run / "summary.json").read_text())
+    stages = sum(1 for k in summary if k.startswith("stage") and k.endswith("_probe_accuracy"))
+    learned = [float(summary[f"stage{k}_probe_accuracy"]) for k in range(stages)]
+    data = load_data("digits-m", seed=seed)
+    torch.manual_seed(seed)
+    random_init = LoCoModel(build_backbone("small_cnn", in_channels=data.channels))
+    last = evaluate_encoder(random_init.backbone, data, device=CPU, seed=seed, knn_k=())
+    baseline = stage_readouts(
+        random_init, data, device=CPU, seed=seed, last=last["linear_probe_accuracy"]
+    )
+    numbers: dict[str, object] = {
+        "imagecl_loco_digits_m/readout_per_stage": [round(a, 4) for a in learned],
+        "imagecl_loco_digits_m/random_init_readout_per_stage": [round(a, 4) for a in baseline],
+        "imagecl_loco_digits_m/steps": summary["steps"],
+        "imagecl_loco_digits_m/seconds": round(seconds, 1),
+    }
+    rows = "\n".join(
+        f"| {k + 1} | {100 * a:.1f} | {100 * b:.1f} |"
+        for k, (a, b) in enumerate(zip(learned, baseline, strict=True))
+    )
+    text = (
+        f"`imagecl train --quick --method loco --epochs {epochs}`: the small CNN cut into 4 "
+        "stages, each local unit (stage k and, as its decoder, stage k + 1) with its own pooled "
+        "MLP head and NT-Xent, its input detached from the unit below; "
+        f"{summary['steps']} steps ({seconds:.0f} s). A linear probe reads out the pooled "
+        "output of every stage (the `loco_readout` plot), against the same network at random "
+        "initialisation (one seed):\n\n| stage | LoCo (%) | random init (%) |\n|---|---|---|\n"
+        f"{rows}\n\nRun folder `{run}`. `--overlap 0` trains Greedy InfoMax and `--end-to-end` "
+        "the same model end to end; `benchmarks/loco_memory.py --readout` compares the three "
+        "over seeds, with their peak training memory."
+    )
+    return numbers, text
+
+
 def graphcl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
     """`graphcl pretrain --quick` on the bundled corpus, then `graphcl finetune --quick` on
     FreeSolv (scaffold split), pre-trained against scratch."""
@@ -173,6 +297,51 @@ def graphcl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
     return numbers, text
 
 
+def contragan_section(
+    out: RunDir, seed: int, steps: int | None = None
+) -> tuple[dict[str, object], str]:
+    """`contragan train --quick` (ContraGAN on digits), its sample grid and `evaluate --quick`;
+    ``steps`` cuts the quick preset's 300 generator steps (the tour's test)."""
+    from contragan.evaluate import main as evaluate
+    from contragan.evaluate import results_table
+    from contragan.train import main as train
+
+    run = Path(out.path) / "contragan-quick"
+    if run.exists():
+        shutil.rmtree(run)
+    start = time.perf_counter()
+    budget = [] if steps is None else ["--max-steps", str(steps), "--eval-every", str(steps)]
+    trained = train(["--quick", "--seed", str(seed), "--device", "cpu", "--out", str(run), *budget])
+    seconds = time.perf_counter() - start
+    for plot in ("samples", "losses"):
+        shutil.copy(run / "plots" / f"{plot}.png", out.plots / f"contragan_{plot}.png")
+    figures = evaluate([
+        "--quick", "--checkpoint", str(run / "checkpoints" / "last.pt"), "--device", "cpu",
+        "--seed", str(seed), "--cache-dir", str(Path(out.path) / "contragan-extractors"),
+    ])  # fmt: skip
+    keys = ("fd", "kid_mean", "precision", "recall", "density", "coverage", "gan_test_acc",
+            "cas_acc", "intra_fd_mean")  # fmt: skip
+    generated = {key: (figures[key], figures[f"{key}_std"]) for key in keys}
+    real = {key: (figures[f"real_{key}"], figures[f"real_{key}_std"]) for key in keys}
+    numbers: dict[str, object] = {f"contragan_digits/{key}": figures[key] for key in keys}
+    numbers["contragan_digits/steps"] = trained["steps"]
+    numbers["contragan_digits/seconds"] = round(seconds, 1)
+    text = (
+        f"`contragan train --quick`: ContraGAN (hinge + 2C, λ = 1, τ = 1) with the small digits "
+        f"networks at 32×32, {trained['steps']} G steps of batch 64 with 2 D steps each, an EMA "
+        f"generator ({seconds:.0f} s). `contragan_samples.png`: one row per class, from the EMA "
+        "generator. `contragan evaluate --quick` (one generated set; the feature space of a "
+        f"classifier trained on the real digits, test accuracy "
+        f"{100 * figures['extractor_test_accuracy']:.1f} %), every figure next to real train "
+        f"images against the test split:\n\n{results_table(generated, real)}\n\nGAN-test (the "
+        "classifier's accuracy on samples against the class they were asked for) and CAS show "
+        "whether samples match their class, ContraGAN's known weakness; "
+        "`benchmarks/contragan_results.py` compares it with ProjGAN and ACGAN over seeds. Run "
+        f"folder `{run}`."
+    )
+    return numbers, text
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description="Run the demo tour and write its report.")
     parser.add_argument("--out", default="runs/demo")
@@ -184,8 +353,14 @@ def main(argv: list[str] | None = None) -> Path:
     summary, text = simclr_digits_section(out, args.epochs, args.seeds)
     image_numbers, image_text = imagecl_section(out, seed=0)
     summary.update(image_numbers)
+    clae_numbers, clae_text = clae_section(out, seed=0)
+    summary.update(clae_numbers)
+    loco_numbers, loco_text = loco_section(out, seed=0)
+    summary.update(loco_numbers)
     graph_numbers, graph_text = graphcl_section(out, seed=0)
     summary.update(graph_numbers)
+    gan_numbers, gan_text = contragan_section(out, seed=0)
+    summary.update(gan_numbers)
     write_summary(out.summary_path, summary)
     report = write_report(
         out,
@@ -193,9 +368,10 @@ def main(argv: list[str] | None = None) -> Path:
         {
             "SimCLR on digits (your own loop)": text,
             "imagecl: SimCLR on digits-m": image_text,
+            "imagecl: adversarial views (CLAE)": clae_text,
+            "imagecl: local learning (LoCo)": loco_text,
             "graphcl: pre-training on molecules, fine-tuning on FreeSolv": graph_text,
-            "What is not in the tour yet": "The ContraGAN pipeline has not landed; it adds its "
-            "quick preset to this tour when it does.",
+            "contragan: class-conditional digits with the 2C loss": gan_text,
         },
         summary=summary,
     )

@@ -343,7 +343,8 @@ class EvalConfig:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``imagecl eval --checkpoint RUN/checkpoints/last.pt``: every number, plots, a report."""
-    from imagecl.report import open_run, save_views_grid  # imagecl.train imports this module
+    # imagecl.train and imagecl.report import this module
+    from imagecl.report import open_run, plot_accuracies, save_views_grid
     from imagecl.train import load_trained
 
     cfg = parse_config(EvalConfig, argv, prog="imagecl eval")
@@ -371,9 +372,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     save_views_grid(views, data, run.plots / "views.png", seed=cfg.seed, device=device)
     sections = {"Protocol": PROTOCOL}
     if cfg.attack is not None:
+        clean, robust = numbers["linear_probe_accuracy"], numbers[f"{cfg.attack}_robust_accuracy"]
         sections["Adversarial robustness"] = attack_section(
-            cfg.attack, cfg.eps, cfg.attack_steps, clean=numbers["linear_probe_accuracy"],
-            robust=numbers[f"{cfg.attack}_robust_accuracy"],
+            cfg.attack, cfg.eps, cfg.attack_steps, clean=clean, robust=robust
+        )
+        label = f"{cfg.attack.upper()}, ε = {255 * cfg.eps:.3g}/255"
+        plot_accuracies(
+            {"clean": clean, label: robust}, run.plots / "robust_accuracy.png",
+            xlabel="test images", title=f"{trained_cfg.method}: clean and robust probe accuracy",
         )  # fmt: skip
     if table is not None:
         plot_severity(

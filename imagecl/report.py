@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from torch import Tensor, nn
 
 from imagecl.augment import SimCLRViews
 from imagecl.data import ImageData, images_and_labels
-from imagecl.evaluate import encode, evaluate_encoder
+from imagecl.evaluate import attack_section, encode, evaluate_encoder
 from imagecl.loco import LoCoModel
 from imagecl.models import ImageModel
 from shared.checkpoint import export_encoder
@@ -22,16 +23,29 @@ from shared.runs import open_run as shared_open_run
 from shared.runtime import SINGLE_PROCESS, DistEnv, unwrap
 
 __all__ = [
+    "RUN_ATTACK_EPS",
+    "StageReadout",
     "describe_run",
     "finish_run",
     "open_run",
+    "plot_accuracies",
     "plot_training_curves",
+    "readout_table",
     "save_views_grid",
+    "stage_readouts",
     "unnormalize",
 ]
 
-# metrics.csv columns worth a panel, in this order, when present
-CURVES = ("loss", "contrastive_loss", "train_acc", "probe_acc", "classifier_acc", "knn20_acc")
+# metrics.csv columns worth a panel, in this order, when present; LoCo's unit{k}_loss follow
+CURVES = (
+    "loss", "contrastive_loss", "adversarial_loss", "train_acc", "probe_acc", "classifier_acc",
+    "knn20_acc",
+)  # fmt: skip
+UNIT_LOSS = re.compile(r"unit\d+_loss")
+# An adversarial run's own robustness check: PGD-10 at 2/255 in [0, 1] pixel units, what
+# `imagecl eval --attack pgd` and benchmarks/imagecl_robust_results.py use by default.
+RUN_ATTACK_EPS = 2 / 255
+RUN_ATTACK_STEPS = 10
 
 
 def open_run(
@@ -48,6 +62,7 @@ def plot_training_curves(run: RunDir) -> Path | None:
     with run.metrics_path.open(newline="", encoding="utf-8") as handle:
         header = next(csv.reader(handle), [])
     keys = [key for key in CURVES if key in header]
+    keys += [key for key in header if UNIT_LOSS.fullmatch(key)]  # LoCo: one per local unit
     if not keys:
         return None
     return plot_loss_curves(run.metrics_path, run.plots / "training.png", keys=keys)
@@ -103,10 +118,65 @@ def save_views_grid(
     return save_image_grid(grid.cpu(), path, nrow=images.shape[0])
 
 
+def stage_readouts(
+    model: LoCoModel, data: ImageData, *, device: torch.device, seed: int, last: float | None = None
+) -> list[float]:
+    """Linear-probe accuracy of the pooled output of every stage, first to last (LoCo's readout).
+
+    ``last``: the accuracy of the whole backbone when already measured; the last stage's
+    readout is the backbone's h, so its probe is not fit twice.
+    """
+    accuracies = []
+    for stage in range(len(model.stages)):
+        if stage == len(model.stages) - 1 and last is not None:
+            accuracies.append(last)
+            continue
+        numbers = evaluate_encoder(
+            StageReadout(model, stage), data, device=device, seed=seed, knn_k=()
+        )
+        accuracies.append(numbers["linear_probe_accuracy"])
+    return accuracies
+
+
+def readout_table(model: LoCoModel, accuracies: Sequence[float]) -> str:
+    """Markdown: per stage, its width and the readout probe accuracy."""
+    lines = ["| stage | channels | readout probe accuracy (%) |", "|---|---|---|"]
+    for stage, (dim, accuracy) in enumerate(zip(model.stage_dims, accuracies, strict=True)):
+        lines.append(f"| {stage + 1} | {dim} | {100 * accuracy:.1f} |")
+    return "\n".join(lines)
+
+
+def plot_accuracies(
+    accuracies: Mapping[str, float], path: Path, *, xlabel: str, title: str = ""
+) -> Path:
+    """One bar per accuracy (a fraction, drawn in %), its value written above it."""
+    from matplotlib.figure import Figure
+
+    names, values = list(accuracies), [100 * v for v in accuracies.values()]
+    fig = Figure(figsize=(1.2 * len(names) + 2.0, 3.2))
+    ax = fig.subplots()
+    bars = ax.bar(names, values, color="tab:blue")
+    ax.bar_label(bars, labels=[f"{v:.1f}" for v in values], fontsize=8)
+    ax.set_ylim(0, 105)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("linear-probe accuracy (%)")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
 def finish_run(
     run: RunDir, cfg: Any, built: Any, steps: int, device: torch.device
 ) -> dict[str, Any]:
-    """Export the encoder, evaluate it, plot, and write ``summary.json`` and ``report.md``."""
+    """Export the encoder, evaluate it, plot, and write ``summary.json`` and ``report.md``.
+
+    LoCo runs add the readout of every stage (``stage{k}_probe_accuracy``, plot
+    ``loco_readout.png``); adversarial runs (CLAE) the probe's accuracy under PGD
+    (``pgd_robust_accuracy``, plot ``robust_accuracy.png``).
+    """
     model = unwrap(built.model)
     assert isinstance(model, ImageModel | LoCoModel)
     export_encoder(
@@ -114,35 +184,91 @@ def finish_run(
         metadata={"backbone": cfg.backbone, "method": cfg.method, "data": cfg.data},
     )  # fmt: skip
     summary: dict[str, Any] = {"method": cfg.method, "data": cfg.data, "steps": steps}
+    sections = {"Run": describe_run(cfg, built.data)}
     data = built.data
     if data.num_classes >= 2 and len(data.test):
-        numbers = evaluate_encoder(model.backbone, data, device=device, seed=cfg.seed)
-        summary.update(numbers)
-        if isinstance(model, LoCoModel):  # the readout of every stage (LoCo's table)
-            for stage in range(len(model.stages)):
-                readout = evaluate_encoder(
-                    StageReadout(model, stage), data, device=device, seed=cfg.seed, knn_k=()
-                )
-                summary[f"stage{stage}_probe_accuracy"] = readout["linear_probe_accuracy"]
+        sections.update(_evaluate_into(summary, run, cfg, model, data, device))
         test_x, test_y = images_and_labels(data.test)
         test_h = encode(model.backbone, test_x, data.mean, data.std, device=device)
         plot_tsne(test_h, test_y, run.plots / "tsne_h.png", seed=cfg.seed, num_threads=1)
     plot_training_curves(run)
     save_views_grid(built.views, data, run.plots / "views.png", seed=cfg.seed, device=device)
     write_summary(run.summary_path, summary)
-    write_report(
-        run, f"imagecl train: {cfg.method} on {cfg.data}",
-        {"Run": describe_run(cfg, data)}, summary=summary,
-    )  # fmt: skip
+    write_report(run, f"imagecl train: {cfg.method} on {cfg.data}", sections, summary=summary)
     return summary
 
 
+def _evaluate_into(
+    summary: dict[str, Any],
+    run: RunDir,
+    cfg: Any,
+    model: ImageModel | LoCoModel,
+    data: ImageData,
+    device: torch.device,
+) -> dict[str, str]:
+    """The frozen-encoder numbers into ``summary``, their plots, and report sections."""
+    adversarial = bool(cfg.is_adversarial)
+    numbers = evaluate_encoder(
+        model.backbone, data, device=device, seed=cfg.seed,
+        attack="pgd" if adversarial else None, eps=RUN_ATTACK_EPS, attack_steps=RUN_ATTACK_STEPS,
+    )  # fmt: skip
+    summary.update(numbers)
+    sections: dict[str, str] = {}
+    clean = numbers["linear_probe_accuracy"]
+    if adversarial:
+        robust = numbers["pgd_robust_accuracy"]
+        label = f"PGD-{RUN_ATTACK_STEPS}, ε = {255 * RUN_ATTACK_EPS:.3g}/255"
+        plot_accuracies(
+            {"clean": clean, label: robust}, run.plots / "robust_accuracy.png",
+            xlabel="test images", title=f"{cfg.method}: clean and robust probe accuracy",
+        )  # fmt: skip
+        sections["Adversarial robustness"] = attack_section(
+            "pgd", RUN_ATTACK_EPS, RUN_ATTACK_STEPS, clean=clean, robust=robust
+        )
+    if isinstance(model, LoCoModel):  # the readout of every stage (LoCo's table)
+        accuracies = stage_readouts(model, data, device=device, seed=cfg.seed, last=clean)
+        for stage, accuracy in enumerate(accuracies):
+            summary[f"stage{stage}_probe_accuracy"] = accuracy
+        plot_accuracies(
+            {f"stage {k + 1}": a for k, a in enumerate(accuracies)},
+            run.plots / "loco_readout.png", xlabel="readout after stage",
+            title=f"{_loco_kind(model)}: linear probe on each stage's pooled output",
+        )  # fmt: skip
+        sections["Readout per stage"] = (
+            f"{_loco_kind(model)}: a linear probe on the globally pooled output of each stage "
+            "(frozen, un-augmented images; the last stage is the backbone's h).\n\n"
+            + readout_table(model, accuracies)
+        )
+    return sections
+
+
+def _loco_kind(model: LoCoModel) -> str:
+    if model.end_to_end:
+        return "end-to-end SimCLR"
+    return "LoCo (overlap 1)" if model.overlap else "Greedy InfoMax (overlap 0)"
+
+
 def describe_run(cfg: Any, data: ImageData) -> str:
-    return (
+    text = (
         f"{cfg.method} with a {cfg.backbone} backbone on {data.name} ({len(data.train)} train / "
         f"{len(data.test)} test images, {data.channels}×{data.image_size}×{data.image_size}), "
         f"batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr}, τ = {cfg.tau}, "
         f"{cfg.num_views} view(s) per image ({cfg.augment_preset(data.channels)} augmentation). "
+    )
+    if cfg.method == "loco":
+        kind = "end to end (one unit)" if cfg.end_to_end else f"overlap {cfg.overlap}"
+        text += (
+            f"Local units: {cfg.stages} stages, {kind}, decoder depth {cfg.decoder_depth}, a "
+            "pooled MLP head and NT-Xent per unit. "
+        )
+    if cfg.is_adversarial:
+        attack = "FGSM" if cfg.adv_steps == 1 else f"PGD-{cfg.adv_steps}"
+        text += (
+            f"Adversarial views (CLAE): {attack} from view 1 with ε = {cfg.adv_eps} in [0, 1] "
+            f"pixel units, loss + {cfg.adv_alpha}·L(x1, x_adv), "
+            + ("a separate adversarial batch norm. " if cfg.adv_bn else "shared batch norm. ")
+        )
+    return text + (
         "The linear probe is fit on frozen h of the training split (weight decay chosen on a "
         "held-out part of it) and scored once on the test split."
     )

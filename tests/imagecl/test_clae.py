@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from imagecl import train
+from imagecl import evaluate, train
+from imagecl.augment import SimCLRViews
 from imagecl.backbones import build_backbone
 from imagecl.clae import adversarial_view
-from imagecl.data import load_data
+from imagecl.data import images_and_labels, load_data
 from imagecl.dual_bn import DualBatchNorm2d, adversarial_rows, convert_dual_bn
-from imagecl.evaluate import evaluate_encoder
+from imagecl.evaluate import encode, evaluate_encoder
 from imagecl.models import ImageModel
 from shared.config import parse_config
 from shared.runtime import unwrap
@@ -76,14 +78,113 @@ def test_clae_and_adversarial_supcon_train(tmp_path: Path) -> None:
         out = tmp_path / method
         summary = train.main(
             ["--quick", "--device", "cpu", "--batch-size", "64", "--max-steps", "2",
-             "--method", method, "--out", str(out), *extra]
+             "--log-every", "1", "--method", method, "--out", str(out), *extra]
         )  # fmt: skip
         assert summary["steps"] == 2
         assert "adversarial_loss" in (out / "metrics.csv").read_text().splitlines()[0]
+        # the run's own robustness check: its plot, its section, its number
+        assert 0.0 <= summary["pgd_robust_accuracy"] <= 1.0
+        assert (out / "plots" / "robust_accuracy.png").stat().st_size > 0
+        assert (out / "plots" / "training.png").stat().st_size > 0
+        report = (out / "report.md").read_text()
+        assert "![robust_accuracy](plots/robust_accuracy.png)" in report
+        assert "## Adversarial robustness" in report and "Adversarial views (CLAE)" in report
     with pytest.raises(ValueError, match="adv_eps >= 0"):
         _cfg(["--method", "clae", "--adv-eps", "-0.1"])
     with pytest.raises(ValueError, match="adversarial applies to methods simclr and supcon"):
         _cfg(["--method", "ce", "--adversarial"])
+    evaluated = tmp_path / "eval"
+    numbers = evaluate.main(
+        ["--checkpoint", str(tmp_path / "clae" / "checkpoints" / "last.pt"), "--attack", "fgsm",
+         "--eps", "0.0314", "--no-corruptions", "--labels-per-class", "1", "--knn-k", "20",
+         "--device", "cpu", "--out", str(evaluated)]
+    )  # fmt: skip
+    assert 0.0 <= numbers["fgsm_robust_accuracy"] <= numbers["linear_probe_accuracy"]
+    assert (evaluated / "plots" / "robust_accuracy.png").stat().st_size > 0
+    assert "![robust_accuracy](plots/robust_accuracy.png)" in (evaluated / "report.md").read_text()
+    assert json.loads((evaluated / "summary.json").read_text())["method"] == "clae"
+
+
+class FixedViews:
+    """The views of a training step, fixed: ``views(images)`` always returns ``x``."""
+
+    def __init__(self, views: SimCLRViews, x: torch.Tensor) -> None:
+        self.mean, self.std, self.x = views.mean, views.std, x
+
+    def __call__(
+        self, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        return self.x
+
+
+def _clean_copy(module: nn.Module) -> nn.Module:
+    """A copy with every DualBatchNorm2d replaced by its clean branch."""
+    module = copy.deepcopy(module)
+    for name, child in list(module.named_children()):
+        if isinstance(child, DualBatchNorm2d):
+            setattr(module, name, child.clean)
+        else:
+            setattr(module, name, _clean_copy(child))
+    return module
+
+
+def test_zero_weight_adversarial_term_leaves_the_supcon_step_unchanged() -> None:
+    """SupCon + adversarial views with α = 0 is SupCon: the same loss and the same gradient on
+    every shared parameter (the adversarial rows share the forward but not the clean rows' batch
+    norm), zero gradient on the adversarial batch norm. With α = 1 the gradient changes."""
+    data = load_data("digits-m", seed=0)
+    steps = {}
+    for name, flags in (
+        ("plain", ["--method", "supcon"]),
+        ("alpha0", ["--method", "supcon", "--adversarial", "--adv-alpha", "0"]),
+        ("alpha1", ["--method", "supcon", "--adversarial"]),
+    ):
+        cfg = _cfg(flags)
+        built = train.build(cfg, device=CPU, data=data)
+        model = unwrap(built.model)
+        images, labels = next(iter(built.loader))
+        if "x" not in steps:  # one draw of the views for all three (the same loader order)
+            steps["x"] = built.views(images, generator=torch.Generator().manual_seed(0))
+            steps["batch"] = (images, labels)
+        views = FixedViews(built.views, steps["x"])
+        out = train.train_step(model, steps["batch"], cfg=cfg, views=views, gather=False)  # type: ignore[arg-type]
+        out["loss"].backward()
+        grads = {
+            n.replace(".clean.", "."): p.grad
+            for n, p in model.named_parameters()
+            if ".adversarial." not in n
+        }
+        adversarial = [p.grad for n, p in model.named_parameters() if ".adversarial." in n]
+        steps[name] = (out, grads, adversarial)
+    plain, alpha0, alpha1 = steps["plain"], steps["alpha0"], steps["alpha1"]
+    torch.testing.assert_close(alpha0[0]["contrastive_loss"], plain[0]["contrastive_loss"])
+    torch.testing.assert_close(alpha0[0]["loss"], plain[0]["loss"])
+    assert plain[1].keys() == alpha0[1].keys()
+    for name, grad in plain[1].items():
+        torch.testing.assert_close(alpha0[1][name], grad, msg=name)
+    assert alpha0[2] and all(g is None or not g.any() for g in alpha0[2])
+    assert any(g is not None and g.abs().sum() > 0 for g in alpha1[2])
+    backbone_grads = [k for k in plain[1] if k.startswith("backbone.")]
+    assert any(not torch.allclose(alpha1[1][k], plain[1][k]) for k in backbone_grads)
+
+
+def test_evaluation_reads_the_clean_batch_norm_branch() -> None:
+    """After CLAE steps the two branches' running statistics differ; the frozen encoder that
+    evaluation (probe, kNN, attacks) sees in eval mode is the clean one."""
+    data = load_data("digits-m", seed=0)
+    cfg = _cfg(["--method", "clae"])
+    built = train.build(cfg, device=CPU, data=data)
+    model = unwrap(built.model)
+    assert isinstance(model, ImageModel)
+    for _, batch in zip(range(2), built.loader, strict=False):
+        train.train_step(model, batch, cfg=cfg, views=built.views, gather=False)["loss"].backward()
+    layers = [m for m in model.modules() if isinstance(m, DualBatchNorm2d)]
+    assert not torch.allclose(layers[0].clean.running_mean, layers[0].adversarial.running_mean)
+    images = images_and_labels(data.test)[0][:32]  # (32, C, H, W) uint8
+    h = encode(model.backbone, images, data.mean, data.std, device=CPU)
+    expected = encode(_clean_copy(model.backbone), images, data.mean, data.std, device=CPU)
+    torch.testing.assert_close(h, expected, rtol=0, atol=0)
+    assert model.backbone.training  # encode restores the mode
 
 
 @pytest.mark.slow

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
 
+from imagecl import train
 from imagecl.augment import SimCLRViews
 from imagecl.backbones import Backbone, ResNetBackbone, build_backbone
+from imagecl.data import load_data
+from imagecl.evaluate import evaluate_encoder
 from imagecl.loco import (
     LoCoModel,
     LoCoOutput,
@@ -22,6 +27,7 @@ from imagecl.loco import (
     unstack_views,
 )
 from imagecl.models import ImageModel, build_head
+from imagecl.report import readout_table
 from shared.losses import nt_xent_loss
 
 BACKBONES = ("small_cnn", "resnet18")
@@ -356,6 +362,59 @@ def test_train_step_smoke_with_simclr_views() -> None:
     torch.testing.assert_close(images, before, rtol=0, atol=0)
     metrics = local_backward_step(model, (images, labels), views=views, temperature=TAU)
     assert set(metrics) == set(out) and torch.isfinite(metrics["loss"])
+
+
+# --- the run folder and learning ------------------------------------------------------------------
+
+CPU = torch.device("cpu")
+# the quick preset shrunk for LoCo on digits (1 channel): a width-4 small CNN, whose pooled random
+# features are weak enough for learning to show within 12 epochs of batch 64 (252 steps)
+TINY_LOCO = ["--quick", "--method", "loco", "--data", "digits", "--width", "4", "--batch-size",
+             "64", "--lr", "5e-3", "--device", "cpu"]  # fmt: skip
+
+
+def test_loco_run_plots_and_reports_the_readout_of_every_stage(tmp_path: Path) -> None:
+    out = tmp_path / "gim"
+    summary = train.main([*TINY_LOCO, "--overlap", "0", "--max-steps", "2", "--out", str(out)])
+    assert (out / "plots" / "loco_readout.png").stat().st_size > 0
+    assert (out / "plots" / "training.png").stat().st_size > 0
+    report = (out / "report.md").read_text()
+    assert "![loco_readout](plots/loco_readout.png)" in report
+    assert "## Readout per stage" in report and "Greedy InfoMax (overlap 0)" in report
+    accuracies = [summary[f"stage{k}_probe_accuracy"] for k in range(4)]
+    # the last stage is the backbone's h: its readout is the run's linear probe
+    assert accuracies[-1] == summary["linear_probe_accuracy"]
+    for k, accuracy in enumerate(accuracies):
+        assert f"| {k + 1} | " in report and f"{100 * accuracy:.1f} |" in report
+    assert json.loads((out / "summary.json").read_text())["stage0_probe_accuracy"] == accuracies[0]
+
+
+def test_readout_table_lists_each_stage_with_its_width() -> None:
+    model = make_model("small_cnn")  # width 8: stage dims 8, 16, 32, 32
+    table = readout_table(model, [0.1, 0.25, 0.5, 0.755])
+    assert table.splitlines()[2:] == [
+        "| 1 | 8 | 10.0 |", "| 2 | 16 | 25.0 |", "| 3 | 32 | 50.0 |", "| 4 | 32 | 75.5 |"
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_loco_readout_on_digits_beats_the_random_init_encoder(tmp_path: Path) -> None:
+    """Learning: 252 LoCo steps on digits lift the last stage's readout probe well above the
+    same network at its initial weights.
+
+    Measured (seed 0, 1 thread, ~20 s): random init 59 %, LoCo 79 % (stages 1-4: 49, 64, 73,
+    79 %). The width is 4 so that random pooled features are weak: at width 32 a random small
+    CNN already probes 92 % on digits, which leaves no room to show learning in seconds.
+    """
+    summary = train.main([*TINY_LOCO, "--epochs", "12", "--out", str(tmp_path / "run")])
+    data = load_data("digits", seed=0)
+    torch.manual_seed(0)  # the initial weights of the run (build seeds the same way)
+    random_init = build_backbone("small_cnn", in_channels=1, width=4)
+    baseline = evaluate_encoder(random_init, data, device=CPU, knn_k=())
+    learned = summary["stage3_probe_accuracy"]
+    assert learned - baseline["linear_probe_accuracy"] > 0.1, (
+        learned, baseline["linear_probe_accuracy"]
+    )  # fmt: skip
 
 
 # --- errors ---------------------------------------------------------------------------------------
