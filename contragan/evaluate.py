@@ -28,10 +28,9 @@ from torch import Tensor, nn
 
 from contragan.extractor import load_or_train_extractor
 from contragan.metrics import evaluate_samples, inception_fid, real_vs_real
-from contragan.train import class_grid, load_generator
+from contragan.train import load_generator, save_class_grid
 from imagecl.data import images_and_labels, load_data
 from shared.config import parse_config
-from shared.plots import save_image_grid
 from shared.runs import RunDir, write_report, write_summary
 from shared.runtime import eval_mode, select_device
 
@@ -192,9 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fake = generate(generator, test_labels, z_dim=arch.z_dim, seed=cfg.seed, device=device)
         summary["inception_fid"] = inception_fid(test_images, fake, cfg.inception_weights, device)
     _plot_intra_fd(generated, real, out.plots / "intra_class_fd.png")
-    classes = list(range(arch.num_classes))
-    grid = class_grid(generator, classes, 8, z_dim=arch.z_dim, device=device, seed=cfg.seed)
-    save_image_grid(grid if grid.shape[1] in (1, 3) else grid[:, :3], out.plots / "samples.png")
+    save_class_grid(generator, arch, out.plots / "samples.png", device=device, seed=cfg.seed)
     write_summary(out.summary_path, summary)
     sections = {
         "Protocol": (

@@ -15,10 +15,9 @@ from typing import Any, Literal
 import safetensors.torch
 import torch
 
-from contragan.train import class_grid, load_generator
+from contragan.train import load_generator, save_class_grid
 from shared.checkpoint import atomic_write
 from shared.config import parse_config
-from shared.plots import save_image_grid
 from shared.runtime import select_device
 
 __all__ = ["Config", "main", "parse_classes"]
@@ -75,12 +74,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = select_device(cfg.device)
     _, arch, generator = load_generator(cfg.checkpoint, device=device, ema=cfg.ema)
     classes = parse_classes(cfg.classes, arch.num_classes)
-    images = class_grid(
-        generator, classes, cfg.per_class, z_dim=arch.z_dim, device=device, seed=cfg.seed
-    )
-    grid = save_image_grid(
-        images[:, :3] if images.shape[1] > 3 else images, cfg.out, nrow=cfg.per_class
-    )
+    images = save_class_grid(
+        generator, arch, cfg.out, device=device, seed=cfg.seed, classes=classes,
+        per_class=cfg.per_class,
+    )  # fmt: skip
+    grid = cfg.out
     result: dict[str, Any] = {"grid": str(grid), "classes": classes, "per_class": cfg.per_class}
     if cfg.tensors is not None:
         labels = torch.tensor(classes).repeat_interleave(cfg.per_class)

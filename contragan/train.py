@@ -17,6 +17,7 @@ under ``samples/``. At the end: ``generator.safetensors`` (the EMA generator), `
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -46,7 +47,10 @@ from shared.runtime import (
 )
 from shared.train import FitResult, LoopConfig, fit_updater
 
-__all__ = ["QUICK", "Config", "build", "build_arch", "class_grid", "load_generator", "main"]
+__all__ = [
+    "QUICK", "Config", "build", "build_arch", "class_grid", "load_generator", "main",
+    "save_class_grid",
+]  # fmt: skip
 
 GanData = Literal["digits", "digits-m", "cifar10", "cifar100", "imagefolder"]
 
@@ -215,24 +219,35 @@ def class_grid(
     return images.add(1).div(2).clamp(0, 1).cpu()
 
 
-def _grid_saver(run: RunDir, cfg: Config, arch: GanArch, device: torch.device) -> Any:
-    """The loop's ``evaluate``: a sample grid of the EMA generator under ``samples/``."""
-    calls = {"n": 0}
+def save_class_grid(
+    generator: nn.Module,
+    arch: GanArch,
+    path: Path,
+    *,
+    device: torch.device,
+    seed: int,
+    classes: list[int] | None = None,
+    per_class: int = 8,
+) -> Tensor:
+    """:func:`class_grid` of ``classes`` (default all) saved as a PNG; returns the images."""
+    classes = list(range(arch.num_classes)) if classes is None else classes
+    images = class_grid(generator, classes, per_class, z_dim=arch.z_dim, device=device, seed=seed)
+    save_image_grid(images, path, nrow=per_class)
+    return images
+
+
+def _grid_saver(
+    run: RunDir, cfg: Config, built: Built, device: torch.device
+) -> Callable[[nn.Module], dict[str, float]]:
+    """The loop's ``evaluate``: a sample grid of the EMA generator, ``samples/grid_step<N>.png``
+    (named by the step, so a resumed run writes the same files as an uninterrupted one)."""
 
     def evaluate(generator: nn.Module) -> dict[str, float]:
-        calls["n"] += 1
-        images = class_grid(
-            generator, list(range(arch.num_classes)), 8, z_dim=arch.z_dim, device=device,
-            seed=cfg.seed,
-        )  # fmt: skip
-        save_image_grid(_rgb_or_gray(images), run.path / "samples" / f"grid_{calls['n']:04d}.png")
+        path = run.path / "samples" / f"grid_step{built.updater.steps_done:06d}.png"
+        save_class_grid(generator, built.arch, path, device=device, seed=cfg.seed)
         return {}
 
     return evaluate
-
-
-def _rgb_or_gray(images: Tensor) -> Tensor:
-    return images if images.shape[1] in (1, 3) else images[:, :3]
 
 
 def finish(
@@ -245,10 +260,7 @@ def finish(
         generator, run.path / "generator.safetensors",
         metadata={"arch": json.dumps(asdict(arch)), "loss": cfg.loss, "data": cfg.data},
     )  # fmt: skip
-    images = class_grid(
-        generator, list(range(arch.num_classes)), 8, z_dim=arch.z_dim, device=device, seed=cfg.seed
-    )
-    save_image_grid(_rgb_or_gray(images), run.plots / "samples.png")
+    save_class_grid(generator, arch, run.plots / "samples.png", device=device, seed=cfg.seed)
     plot_loss_curves(run.metrics_path, run.plots / "losses.png", keys=_curve_keys(cfg))
     summary: dict[str, Any] = {
         "loss": cfg.loss, "data": cfg.data, "arch": arch.name, "steps": result.step,
@@ -316,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )  # fmt: skip
         result = fit_updater(
             built.updater, built.loader, loop_cfg=loop_cfg, run_dir=run, device=device,
-            evaluate=_grid_saver(run, cfg, built.arch, device), resume=cfg.resume,
+            evaluate=_grid_saver(run, cfg, built, device), resume=cfg.resume,
             dist_env=env, config=cfg,
         )  # fmt: skip
         summary: dict[str, Any] = {}

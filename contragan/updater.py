@@ -106,6 +106,7 @@ class GanUpdater(Updater):
             self.ema = AveragedModel(unwrap(generator), multi_avg_fn=average)
         self.ema_start = ema_start
         self.diffaug = diffaug
+        self.steps_done = 0  # the loop's step number after the last step
 
     def _fakes(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
         z = torch.randn(n, self.z_dim, device=device)
@@ -145,6 +146,7 @@ class GanUpdater(Updater):
         ctx.backward(g_parts["loss"], "g_loss")
         self.g_opt.step()
         self._update_ema(ctx.step)
+        self.steps_done = ctx.step
         g_logged = {("g_loss" if k == "loss" else k): v.detach() for k, v in g_parts.items()}
         return {"lr": float(self.g_opt.param_groups[0]["lr"]), **sums, **g_logged}
 

@@ -41,7 +41,8 @@ def test_train_writes_the_run_folder(tmp_path: Path, loss: str) -> None:
     summary = _train(out, "--loss", loss, "--max-steps", "3", "--eval-every", "2")
     for name in ("config.json", "arch.json", "metrics.csv", "summary.json", "report.md",
                  "generator.safetensors", "checkpoints/last.pt", "plots/samples.png",
-                 "plots/losses.png", "samples/grid_0001.png", "samples/grid_0002.png"):  # fmt: skip
+                 "plots/losses.png", "samples/grid_step000002.png",
+                 "samples/grid_step000003.png"):  # fmt: skip
         assert (out / name).is_file(), name
     assert summary["steps"] == 3 and summary["loss"] == loss
     header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
