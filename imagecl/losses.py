@@ -121,6 +121,8 @@ def check_loss_settings(cfg: Any) -> None:
     if cfg.loss == "nt_xent":
         if not cfg.normalize and cfg.queue_size:
             raise ValueError("the queue contrasts normalised keys: drop --no-normalize")
+        if not cfg.normalize and cfg.is_adversarial:
+            raise ValueError("adversarial views use the normalised NT-Xent: drop --no-normalize")
         return
     if cfg.method != "simclr":
         raise ValueError(f"loss {cfg.loss!r} applies to method simclr only (got {cfg.method})")
