@@ -1,4 +1,4 @@
-"""contragan.metrics and contragan.extractor: the offline GAN figures as executable specifications.
+"""contragan.metrics, .distances and .extractor: the offline GAN figures as specifications.
 
 Analytic cases (FD of a shifted set, density of a set against itself, a hand-computed 1-D
 example), float64 loop oracles for the k-NN figures, the label-shuffle meta-test on real digits,
@@ -19,6 +19,7 @@ import scipy.linalg
 import torch
 from torchmetrics.image.fid import FrechetInceptionDistance
 
+import contragan.distances as distances_module
 import contragan.extractor as extractor_module
 import contragan.metrics as metrics_module
 from contragan.extractor import (
@@ -140,7 +141,7 @@ def loop_knn_figures(real: torch.Tensor, fake: torch.Tensor, k: int) -> tuple[fl
 def test_knn_figures_match_the_loop_oracle(
     n: int, m: int, k: int, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metrics_module, "_BLOCK", 7)  # several row blocks, a ragged last one
+    monkeypatch.setattr(distances_module, "_BLOCK", 7)  # several row blocks, a ragged last one
     real, fake = gaussian(n, 3, seed), gaussian(m, 3, seed + 10, shift=0.3)
     got = (*precision_recall(real, fake, k=k), *density_coverage(real, fake, k=k))
     assert got == pytest.approx(loop_knn_figures(real, fake, k), abs=1e-12)
