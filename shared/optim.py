@@ -6,12 +6,14 @@ Algorithm 1). SimCLR trains with it at every batch size (Chen et al. 2020, Sec. 
 reference code excludes batch-norm parameters and biases from both weight decay and the
 adaptation; `lars_param_groups` builds the two parameter groups that do that.
 
-`warmup_cosine_schedule` is SimCLR's schedule: linear warm-up from 0, then cosine decay.
+`warmup_cosine_schedule` is SimCLR's schedule: linear warm-up from 0, then cosine decay. A run
+resumed with a longer horizon (more epochs) continues on the new schedule, not the saved one.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,7 +22,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["LARS", "lars_param_groups", "warmup_cosine_schedule"]
+__all__ = ["LARS", "WarmupCosineLR", "lars_param_groups", "warmup_cosine_schedule"]
 
 
 def _default_exclude(name: str, param: nn.Parameter) -> bool:
@@ -183,13 +185,42 @@ class _WarmupCosine:
         return self.final_lr_ratio + (1.0 - self.final_lr_ratio) * cosine
 
 
+class WarmupCosineLR(LambdaLR):
+    """The `LambdaLR` of :func:`warmup_cosine_schedule`; a loaded state keeps this schedule.
+
+    `LambdaLR.load_state_dict` also overwrites the schedule's settings with the saved ones, so a
+    run extended on resume (more epochs, a later `total_steps`) would keep the old horizon and
+    train on at the floor lr (0 for SimCLR). Here the step count and the rest of the state are
+    restored, the constructed warm-up, horizon and floor stay, and when they differ from the
+    saved ones a warning names both and the lr of the resumed step is set from the new schedule.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        planned = [dict(fn.__dict__) for fn in self.lr_lambdas]
+        super().load_state_dict(state_dict)
+        saved = [dict(fn.__dict__) for fn in self.lr_lambdas]
+        for fn, settings in zip(self.lr_lambdas, planned, strict=True):
+            fn.__dict__.update(settings)
+        if saved == planned:
+            return
+        warnings.warn(
+            f"the lr schedule changed on resume at step {self.last_epoch}: saved {saved[0]}, "
+            f"now {planned[0]}; training continues on the new schedule",
+            stacklevel=2,
+        )
+        groups = self.optimizer.param_groups
+        for group, base, fn in zip(groups, self.base_lrs, self.lr_lambdas, strict=True):
+            group["lr"] = base * fn(self.last_epoch)
+        self._last_lr = [group["lr"] for group in groups]
+
+
 def warmup_cosine_schedule(
     optimizer: Optimizer,
     *,
     warmup_steps: int,  # SimCLR: 10 epochs' worth of steps (Chen et al. 2020, Sec. 3)
     total_steps: int,
     final_lr_ratio: float = 0.0,  # SimCLR decays to 0 (cosine without restarts)
-) -> LambdaLR:
+) -> WarmupCosineLR:
     """Linear warm-up from 0 to each group's base lr, then cosine decay to `final_lr_ratio` x it.
 
     With base lr b, warm-up W and total T steps (call `scheduler.step()` once per optimiser step):
@@ -204,7 +235,8 @@ def warmup_cosine_schedule(
     does not fit: `LinearLR` refuses `start_factor=0` (SimCLR's warm-up starts at 0) and cannot
     express W = 0, and `CosineAnnealingLR`'s `eta_min` is one absolute lr shared by all groups, not
     a ratio of each group's lr; its recursive update also drifts from the closed form. `LambdaLR`
-    evaluates the closed form above exactly, per group, and its state dict resumes.
+    evaluates the closed form above exactly, per group, and its state dict resumes; a resumed
+    run with a different horizon continues on the new one (:class:`WarmupCosineLR`).
     """
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
@@ -215,4 +247,4 @@ def warmup_cosine_schedule(
         )
     if not 0.0 <= final_lr_ratio <= 1.0:
         raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}")
-    return LambdaLR(optimizer, _WarmupCosine(warmup_steps, total_steps, final_lr_ratio))
+    return WarmupCosineLR(optimizer, _WarmupCosine(warmup_steps, total_steps, final_lr_ratio))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
 from torch import Tensor, nn
 
-from shared.optim import LARS, lars_param_groups, warmup_cosine_schedule
+from shared.optim import LARS, WarmupCosineLR, lars_param_groups, warmup_cosine_schedule
 
 
 def _model() -> nn.Sequential:
@@ -161,6 +162,46 @@ def test_lars_is_dtype_agnostic_and_skips_missing_grads() -> None:
     LARS([a, b], lr=0.1).step()
     assert a.dtype == torch.float32 and torch.equal(b.detach(), torch.ones(2))
     assert not torch.equal(a.detach(), torch.ones(2, 2))
+
+
+def _stepped(total: int, steps: int, lr: float = 0.2) -> tuple[LARS, WarmupCosineLR]:
+    optimizer = LARS([nn.Parameter(torch.zeros(1))], lr=lr)
+    scheduler = warmup_cosine_schedule(optimizer, warmup_steps=3, total_steps=total)
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+    return optimizer, scheduler
+
+
+def test_resume_with_a_longer_horizon_continues_on_the_new_cosine() -> None:
+    """A finished 10-step run extended to 20: LambdaLR alone would keep T = 10 and lr = 0."""
+    old_optimizer, old = _stepped(total=10, steps=10)
+    assert old.get_last_lr()[0] == 0.0
+    optimizer, scheduler = _stepped(total=20, steps=0)
+    optimizer.load_state_dict(old_optimizer.state_dict())
+    with pytest.warns(
+        UserWarning, match=r"schedule changed on resume at step 10.*'total_steps': 10"
+    ):
+        scheduler.load_state_dict(old.state_dict())
+    assert scheduler.lr_lambdas[0].total_steps == 20  # type: ignore[attr-defined]
+    for step in range(10, 21):
+        lr = optimizer.param_groups[0]["lr"]  # the lr the step at `step` trains with
+        assert lr == pytest.approx(_closed_form(step, 0.2, 3, 20, 0.0), rel=1e-12, abs=1e-15)
+        assert scheduler.get_last_lr() == [lr]
+        optimizer.step()
+        scheduler.step()
+    assert 0.0 < _closed_form(10, 0.2, 3, 20, 0.0) < 0.2
+
+
+def test_resume_with_the_same_horizon_is_silent_and_exact() -> None:
+    old_optimizer, old = _stepped(total=10, steps=4)
+    optimizer, scheduler = _stepped(total=10, steps=0)
+    optimizer.load_state_dict(old_optimizer.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scheduler.load_state_dict(old.state_dict())
+    assert optimizer.param_groups[0]["lr"] == old_optimizer.param_groups[0]["lr"]
+    assert scheduler.state_dict() == old.state_dict()
 
 
 @pytest.mark.parametrize(
