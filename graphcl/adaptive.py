@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from shared.distributed import all_reduce_sum
+
 __all__ = ["AugmentationSampler", "project_simplex"]
 
 
@@ -57,6 +59,8 @@ class AugmentationSampler:
     pair was not observed) or, with ``update()``, as the means of the losses passed to
     ``record(i, j, loss)`` since the last update (no host sync per step). A pair not observed
     keeps its last loss estimate; a pair never observed gets the mean of the observed ones.
+    Under DDP ``update()`` sums the records of every rank first (a collective: every rank calls
+    it at the same point), so all ranks keep the same distribution.
 
     Shape:
         probabilities: ``(K, K)`` float64; ``history``: one ``(K, K)`` per update, the initial
@@ -109,10 +113,14 @@ class AugmentationSampler:
         """
         K = self.num_augmentations
         if pair_losses is None:
-            if int(self._count.sum()) == 0:
+            # every rank's records: the ranks of a DDP run keep one distribution (each calls
+            # update at the same point, fit's per-epoch evaluation on all ranks)
+            device = self._loss_sum.device
+            both = torch.stack([self._loss_sum, self._count.to(device, torch.float64)])  # (2, K, K)
+            sums, counts = all_reduce_sum(both).cpu().unbind(0)  # (K, K) each
+            if int(counts.sum()) == 0:
                 raise ValueError("update() without pair_losses needs record(...) calls first")
-            sums = self._loss_sum.cpu()
-            losses = torch.where(self._count > 0, sums / self._count.clamp_min(1), float("nan"))
+            losses = torch.where(counts > 0, sums / counts.clamp_min(1), float("nan"))
             self._loss_sum = torch.zeros_like(self._loss_sum)
             self._count.zero_()
         else:

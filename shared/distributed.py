@@ -23,6 +23,7 @@ __all__ = [
     "Gathered",
     "all_gather_object",
     "all_reduce_mean",
+    "all_reduce_sum",
     "gather_no_grad",
     "gather_with_grad",
     "gather_with_offset",
@@ -127,6 +128,18 @@ def all_reduce_mean(x: Tensor) -> Tensor:
     out = x.detach().clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out / world_size()
+
+
+def all_reduce_sum(x: Tensor) -> Tensor:
+    """Sum of ``x`` over ranks (per-rank counts and sums); a copy, the identity on 1 process.
+
+    A collective: every rank must call it at the same point, with ``x`` on a device its
+    backend serves (the CPU for gloo, the rank's GPU for NCCL).
+    """
+    out = x.detach().clone()
+    if world_size() > 1:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
 
 
 def all_gather_object(obj: T) -> list[T]:
