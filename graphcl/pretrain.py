@@ -220,7 +220,7 @@ def train_step(
     elif cfg.loss == "nt_xent":
         loss = nt_xent_loss(z1, z2, temperature=cfg.temperature, gather=gather)
     else:
-        loss = graphcl_loss(z1, z2, temperature=cfg.temperature)
+        loss = graphcl_loss(z1, z2, temperature=cfg.temperature, gather=gather)
     if sampler is not None:
         sampler.record(i, j, loss.detach())
     return {"loss": loss, "nodes_per_view": v1.x.new_tensor(v1.num_nodes / G, dtype=torch.float)}

@@ -251,6 +251,7 @@ def graphcl_loss(
     z2: Tensor,
     *,
     temperature: float = 0.2,
+    gather: bool = False,
     block_size: int | None = None,
     reduction: Reduction = "mean",
 ) -> Tensor:
@@ -260,8 +261,13 @@ def graphcl_loss(
     from view 2 only, and the positive left OUT of the denominator, so the loss can be negative.
     τ = 0.2 in the unsupervised TU experiments (0.5 semi-supervised, 0.1 transfer).
 
-    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`); N = 1 raises:
-    the lone anchor has no negative, so its denominator is empty and its loss would be −∞.
+    ``gather=True`` takes the negatives from every rank's second views (gradient-correct
+    all-gather): as for :func:`nt_xent_loss`, the loss is this rank's anchors' share and DDP's
+    gradient average equals one process holding the whole batch.
+
+    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`); N = 1 (over
+    all ranks with ``gather``) raises: the lone anchor has no negative, so its denominator is
+    empty and its loss would be −∞.
 
     Shape:
         z1, z2: ``(N, D)`` with N ≠ 1; result: scalar, or ``(N,)`` with ``reduction="none"``.
@@ -271,13 +277,19 @@ def graphcl_loss(
     check_same_shape(z1, z2, "z1 and z2")
     check_positive(temperature, "temperature")
     check_reduction(reduction)
-    if z1.shape[0] == 1:
-        raise ValueError("graphcl_loss needs at least 2 samples (negatives), got 1")
     with autocast_off(z1):
         a, c = _normalize(z1), _normalize(z2)  # (N, D) each
-        own = torch.arange(a.shape[0], device=a.device)  # the positive column, left out
-        lse = masked_logsumexp(a, c, temperature=temperature, self_index=own, block_size=block_size)
+        c_all, offset = gather_with_offset(c) if gather else (c, 0)  # (Ng, D), rank order
+        if c_all.shape[0] == 1:
+            raise ValueError("graphcl_loss needs at least 2 samples (negatives), got 1")
+        # the positive column of each local anchor among all contrasts, left out
+        own = offset + torch.arange(a.shape[0], device=a.device)  # (N,)
+        lse = masked_logsumexp(
+            a, c_all, temperature=temperature, self_index=own, block_size=block_size
+        )
         per_anchor = lse.all - (a * c).sum(1) / temperature  # (N,)
+        if gather and a.shape[0] == 0:  # keep the gather (and its backward all-reduce) in the graph
+            per_anchor = per_anchor + 0.0 * c_all.sum()
         return reduce(per_anchor, reduction)
 
 
@@ -340,17 +352,18 @@ class GraphCLLoss(nn.Module):
     def __init__(
         self,
         temperature: float = 0.2,
+        gather: bool = False,
         block_size: int | None = None,
         reduction: Reduction = "mean",
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.block_size = check_block_size(block_size)
+        self.gather, self.block_size = gather, check_block_size(block_size)
         self.reduction: Reduction = reduction
         check_reduction(reduction)
 
     def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
         return graphcl_loss(
-            z1, z2, temperature=self.temperature, block_size=self.block_size,
+            z1, z2, temperature=self.temperature, gather=self.gather, block_size=self.block_size,
             reduction=self.reduction,
         )  # fmt: skip

@@ -20,6 +20,7 @@ from shared.distributed import all_reduce_mean, gather_with_grad, gather_with_of
 from shared.losses import (
     MemoryQueue,
     conditional_contrastive_loss,
+    graphcl_loss,
     info_nce_loss,
     nt_xent_loss,
     supcon_loss,
@@ -49,6 +50,8 @@ def _losses(out: Tensor, labels: Tensor, gather: bool) -> dict[str, Tensor]:
             out.view(-1, 2, D), labels, contrast_mode="one", gather=gather, block_size=2
         ),
         "two_c": conditional_contrastive_loss(out[:, :D], out[:, D:], labels, gather=gather),
+        "graphcl": graphcl_loss(out[:, :D], out[:, D:], temperature=0.5, gather=gather),
+        "graphcl_blocked": graphcl_loss(out[:, D:], out[:, :D], gather=gather, block_size=2),
         "info_nce": info_nce_loss(out[:, :D], out[:, D:], temperature=0.2, gather=gather),
         "info_nce_blocked": info_nce_loss(out[:, D:], out[:, :D], gather=gather, block_size=2),
     }

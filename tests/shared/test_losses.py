@@ -721,7 +721,9 @@ WRAPPERS: list[tuple[type[nn.Module], Callable[..., Tensor], str, dict[str, Any]
     (NTXentLoss, nt_xent_loss, "pair", {
         "temperature": 0.3, "gather": True, "block_size": 2, "reduction": "none",
     }),
-    (GraphCLLoss, graphcl_loss, "pair", {"temperature": 0.3, "block_size": 2, "reduction": "sum"}),
+    (GraphCLLoss, graphcl_loss, "pair", {
+        "temperature": 0.3, "gather": True, "block_size": 2, "reduction": "sum",
+    }),
     (NPairsLoss, npairs_loss, "pair", {
         "temperature": 0.3, "normalize": False, "block_size": 2, "reduction": "none",
     }),
