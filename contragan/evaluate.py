@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from contragan.extractor import load_or_train_extractor
+from contragan.extractor_cache import load_or_train_extractor
 from contragan.metrics import evaluate_samples, inception_fid, real_vs_real
 from contragan.train import load_generator, save_class_grid
 from imagecl.data import images_and_labels, load_data

@@ -1,4 +1,4 @@
-"""contragan.metrics, .distances and .extractor: the offline GAN figures as specifications.
+"""contragan.metrics, .distances, .extractor(_cache): the offline GAN figures as specifications.
 
 Analytic cases (FD of a shifted set, density of a set against itself, a hand-computed 1-D
 example), float64 loop oracles for the k-NN figures, the label-shuffle meta-test on real digits,
@@ -20,16 +20,16 @@ import torch
 from torchmetrics.image.fid import FrechetInceptionDistance
 
 import contragan.distances as distances_module
-import contragan.extractor as extractor_module
+import contragan.extractor_cache as cache_module
 import contragan.metrics as metrics_module
 from contragan.extractor import (
     FeatureExtractor,
     _random_shift,
-    load_or_train_extractor,
     new_classifier,
     to_signed_unit,
     train_extractor,
 )
+from contragan.extractor_cache import load_or_train_extractor
 from contragan.metrics import (
     density_coverage,
     evaluate_samples,
@@ -300,7 +300,7 @@ def test_extractor_cache_loads_without_training(
     digits16: ImageData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = TrainingSpy(accuracy=0.97)
-    monkeypatch.setattr(extractor_module, "train_extractor", spy)
+    monkeypatch.setattr(cache_module, "train_extractor", spy)
     first = load_or_train_extractor(digits16, "digits16", cache_dir=tmp_path, seed=3)
     second = load_or_train_extractor(digits16, "digits16", cache_dir=tmp_path, seed=3)
     assert spy.calls == 1 and not first.from_cache and second.from_cache
@@ -318,7 +318,7 @@ def test_corrupt_cache_is_retrained_with_a_warning(
     damaged: str, digits16: ImageData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = TrainingSpy(accuracy=0.97)
-    monkeypatch.setattr(extractor_module, "train_extractor", spy)
+    monkeypatch.setattr(cache_module, "train_extractor", spy)
     weights = load_or_train_extractor(digits16, cache_dir=tmp_path).weights_path
     if damaged == "safetensors":
         weights.write_bytes(b"not a safetensors file")
@@ -336,7 +336,7 @@ def test_weak_extractor_is_refused_with_a_clear_message(
     digits16: ImageData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = TrainingSpy(accuracy=0.5)
-    monkeypatch.setattr(extractor_module, "train_extractor", spy)
+    monkeypatch.setattr(cache_module, "train_extractor", spy)
     with pytest.raises(ValueError, match="digits16") as raised:
         load_or_train_extractor(digits16, "digits16", cache_dir=tmp_path, min_accuracy=0.95)
     message = str(raised.value)
