@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from imagecl.data import TensorImageDataset, digit_images
+from imagecl.models import ImageModel
 from imagecl.studies.cells import (
     digits_m,
     features,
@@ -35,7 +36,7 @@ from imagecl.studies.tables import (
     lookup,
     markdown_table,
 )
-from imagecl.suppression import DigitOverlay, RandBits, split_seed, wrap_image_data
+from imagecl.suppression import DigitOverlay, RandBits, WrappedData, split_seed, wrap_image_data
 from shared.runs import RunDir
 
 BITS = (0, 5, 10, 15, 20)
@@ -49,24 +50,49 @@ def grid(quick: bool) -> list[dict[str, Any]]:
     return cells + [{"data": "overlay", "bits": 0, "tau": t} for t in taus]
 
 
-def measure(params: dict[str, Any], ctx: CellContext) -> dict[str, float]:
-    base = digits_m(ctx.seed)
-    seed, tau = ctx.seed, params["tau"]
-    if params["data"] == "randbits":
-        n = params["bits"]
-        data = wrap_image_data(base, lambda split, s: RandBits(split, n, seed=split_seed(seed, s)))
-        model = train_pipeline(ctx, data.data, temperature=tau)
-        return {"probe_acc": probe(*features(model.backbone, data.data, ctx), ctx)}
+def _overlay(seed: int) -> WrappedData:
+    """digits-m with scikit-learn's digits pasted by :class:`DigitOverlay` (the digit label as
+    ``train_extra`` / ``test_extra``)."""
     digits = TensorImageDataset(*digit_images(8))  # (1797, 1, 8, 8): pasted at 32 // 3 = 10 px
     overlay = wrap_image_data(
-        base, lambda split, s: DigitOverlay(split, digits, grid=3, seed=split_seed(seed, 10 + s))
+        digits_m(seed),
+        lambda split, s: DigitOverlay(split, digits, grid=3, seed=split_seed(seed, 10 + s)),
     )
     assert overlay.train_extra is not None and overlay.test_extra is not None
-    model = train_pipeline(ctx, overlay.data, temperature=tau)
+    return overlay
+
+
+def _overlay_probes(model: ImageModel, overlay: WrappedData, ctx: CellContext) -> dict[str, float]:
+    assert overlay.train_extra is not None and overlay.test_extra is not None
     train_h, train_y, test_h, test_y = features(model.backbone, overlay.data, ctx)
     return {
         "probe_acc": probe(train_h, train_y, test_h, test_y, ctx),
         "digit_acc": probe(train_h, overlay.train_extra, test_h, overlay.test_extra, ctx),
+    }
+
+
+def measure(params: dict[str, Any], ctx: CellContext) -> dict[str, float]:
+    seed, tau = ctx.seed, params["tau"]
+    if params["data"] == "randbits":
+        n = params["bits"]
+        data = wrap_image_data(
+            digits_m(seed), lambda split, s: RandBits(split, n, seed=split_seed(seed, s))
+        )
+        model = train_pipeline(ctx, data.data, temperature=tau)
+        return {"probe_acc": probe(*features(model.backbone, data.data, ctx), ctx)}
+    overlay = _overlay(seed)
+    return _overlay_probes(train_pipeline(ctx, overlay.data, temperature=tau), overlay, ctx)
+
+
+def baseline(params: dict[str, Any], ctx: CellContext) -> dict[str, float]:
+    """The untrained encoder on digits-m, and on the overlay for both of its labels (can a
+    linear probe read the pasted digit at all?)."""
+    overlay = _overlay(ctx.seed)
+    untrained = _overlay_probes(train_pipeline(ctx, overlay.data, untrained=True), overlay, ctx)
+    return {
+        **random_init_probe(params, ctx),
+        "overlay_image_acc": untrained["probe_acc"],
+        "overlay_digit_acc": untrained["digit_acc"],
     }
 
 
@@ -108,9 +134,13 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
         panels.append(Panel("DigitOverlay", "τ", "probe accuracy (%)",
                             {"image label": (list(taus), image),
                              "pasted digit": (list(taus), digit)}, log_x=True))  # fmt: skip
+        untrained = [
+            ["(random init)", baseline.get("overlay_image_acc", math.nan),
+             baseline.get("overlay_digit_acc", math.nan)]
+        ]  # fmt: skip
         sections["DigitOverlay: probe accuracy (%)"] = markdown_table(
             ["τ", "image label", "pasted digit's label"],
-            [[f"{t:g}", i, d] for t, i, d in zip(taus, image, digit, strict=True)],
+            untrained + [[f"{t:g}", i, d] for t, i, d in zip(taus, image, digit, strict=True)],
         )
         findings.append(
             "DigitOverlay: " + "; ".join(
@@ -118,6 +148,18 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
                 for t, i, d in zip(taus, image, digit, strict=True)
             ) + " (chance 10 % for both)."
         )  # fmt: skip
+        if "overlay_digit_acc" in baseline:
+            findings.append(
+                f"The untrained encoder reads {100 * baseline['overlay_image_acc']:.1f} % "
+                f"(image) and {100 * baseline['overlay_digit_acc']:.1f} % (pasted digit) on the "
+                "same overlay data: training moves each label by "
+                + "; ".join(
+                    f"τ = {t:g}: {100 * (i - baseline['overlay_image_acc']):+.1f} / "
+                    f"{100 * (d - baseline['overlay_digit_acc']):+.1f} points"
+                    for t, i, d in zip(taus, image, digit, strict=True)
+                )
+                + "."
+            )
     if panels:
         line_panels(panels, run.plots / "feature_suppression.png")
     sections["Finding"] = " ".join(findings) or "No finished cell."
@@ -136,7 +178,7 @@ STUDY = Study(
     grid=grid,
     measure=measure,
     summarise=summarise,
-    baseline=random_init_probe,
+    baseline=baseline,
 )
 
 

@@ -213,6 +213,10 @@ def test_every_study_runs_a_tiny_grid_and_writes_its_folder(tmp_path: Path, name
     assert all(row["status"] == "ok" for row in rows)
     report = (out / "report.md").read_text()
     assert "## Finding" in report and "## Random-init baseline" in report
+    if name == "feature-suppression":  # the overlay's labels read by the untrained encoder
+        baseline = json.loads((out / "cells" / runner.BASELINE / "result.json").read_text())
+        assert {"overlay_image_acc", "overlay_digit_acc"} <= set(baseline["metrics"])
+        assert "| (random init) |" in report and "The untrained encoder reads" in report
     assert list((out / "plots").glob("*.png")), "no plot"
     assert json.loads((out / "summary.json").read_text())["study"] == name
     for row in rows:
