@@ -203,7 +203,7 @@ def _stratified_split(labels: Tensor, test_fraction: float, seed: int) -> tuple[
     )
 
 
-def _channel_stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def channel_stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and (population) std in [0, 1] units, exact, from pixel histograms.
 
     Shape:
@@ -250,7 +250,7 @@ def _image_data(
     skipped: tuple[tuple[str, str], ...] = (),
 ) -> ImageData:
     stats_from = train.images if len(train) else pretrain.images
-    mean, std = _channel_stats(stats_from)
+    mean, std = channel_stats(stats_from)
     _, C, H, _ = stats_from.shape
     return ImageData(name, train, test, pretrain, num_classes, C, H, mean, std, skipped)
 

@@ -29,7 +29,13 @@ import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from imagecl.data import ImageData, ImageDataset, TensorImageDataset, images_and_labels
+from imagecl.data import (
+    ImageData,
+    ImageDataset,
+    TensorImageDataset,
+    channel_stats,
+    images_and_labels,
+)
 
 __all__ = ["DigitOverlay", "RandBits", "WrappedData", "split_seed", "wrap_image_data"]
 
@@ -170,25 +176,15 @@ def _stack(dataset: Dataset[Any]) -> tuple[Tensor, Tensor, Tensor | None]:
     return images, labels, extra
 
 
-def _channel_stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std in [0, 1] units, in float64 chunks; a constant channel (std 0,
-    e.g. a bit that every image shares) gets std 1 so that normalising it stays finite.
+def _normalising_stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """:func:`imagecl.data.channel_stats`, with std 1 for a constant channel (std 0, e.g. a bit
+    that every image shares) so that normalising it stays finite.
 
     Shape:
         images: ``(N, C, H, W)`` uint8; returns two C-tuples
     """
-    C = images.shape[1]
-    total = torch.zeros(C, dtype=torch.float64)
-    squares = torch.zeros(C, dtype=torch.float64)
-    for chunk in torch.split(images, 256):
-        x = chunk.to(torch.float64).div_(255)  # (n, C, H, W)
-        total += x.sum(dim=(0, 2, 3))
-        squares += x.pow_(2).sum(dim=(0, 2, 3))
-    count = images.shape[0] * images.shape[2] * images.shape[3]
-    mean = total / count
-    std = (squares / count - mean**2).clamp(min=0).sqrt()
-    std = torch.where(std > 1e-6, std, torch.ones_like(std))
-    return tuple(mean.tolist()), tuple(std.tolist())
+    mean, std = channel_stats(images)
+    return mean, tuple(s if s > 1e-6 else 1.0 for s in std)
 
 
 def wrap_image_data(
@@ -210,7 +206,7 @@ def wrap_image_data(
     else:
         pretrain_images, pretrain_y, _ = _stack(wrap(data.pretrain, 2))
         pretrain = TensorImageDataset(pretrain_images, pretrain_y)
-    mean, std = _channel_stats(train_images if len(train) else pretrain.images)
+    mean, std = _normalising_stats(train_images if len(train) else pretrain.images)
     wrapped = data._replace(
         train=train, test=test, pretrain=pretrain, channels=train_images.shape[1],
         mean=mean, std=std,

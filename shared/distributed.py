@@ -123,11 +123,7 @@ def gather_no_grad(x: Tensor) -> Tensor:
 
 def all_reduce_mean(x: Tensor) -> Tensor:
     """Mean of ``x`` over ranks (for logging a loss); a copy, the identity on 1 process."""
-    if world_size() == 1:
-        return x.detach().clone()
-    out = x.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out / world_size()
+    return all_reduce_sum(x) / world_size()
 
 
 def all_reduce_sum(x: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ from torch.utils.data import TensorDataset
 
 from imagecl.augment import to_float
 from imagecl.backbones import build_backbone
+from imagecl.data import channel_stats
 from imagecl.evaluate import encode
 from imagecl.infomin import FACTORS, InfoMinImages, ToyConfig, make_images, make_pairs
 from imagecl.models import ImageModel, ModelOutput, build_head
@@ -70,14 +71,11 @@ def _probe_sets(ctx: CellContext) -> tuple[InfoMinImages, InfoMinImages]:
     return train, test
 
 
-def _statistics(images: Tensor) -> tuple[tuple[float], tuple[float]]:
-    x = images.double().div(255)
-    return (float(x.mean()),), (float(x.std()),)
-
-
-def _factor_accuracy(model: ImageModel, ctx: CellContext) -> dict[str, float]:
-    train, test = _probe_sets(ctx)
-    mean, std = _statistics(train.images)
+def _factor_accuracy(
+    model: ImageModel, ctx: CellContext, sets: tuple[InfoMinImages, InfoMinImages]
+) -> dict[str, float]:
+    train, test = sets
+    mean, std = channel_stats(train.images)
     train_h = encode(model.backbone, train.images, mean, std, device=ctx.device)
     test_h = encode(model.backbone, test.images, mean, std, device=ctx.device)
     return {
@@ -91,8 +89,8 @@ def measure(params: dict[str, Any], ctx: CellContext) -> dict[str, float]:
     shared = tuple(params["shared"].split("+"))
     count = min(MAX_PAIRS, budget.steps * budget.batch_size)
     pairs = make_pairs(count, shared, seed=split_seed(ctx.seed, 0), config=ToyConfig())
-    train, _ = _probe_sets(ctx)
-    mean, std = _statistics(train.images)
+    sets = _probe_sets(ctx)
+    mean, std = channel_stats(sets[0].images)  # the probe's train images normalise both
     model = _model(ctx)
     loader = make_loader(
         TensorDataset(pairs.images, pairs.factors), budget.batch_size, shuffle=True,
@@ -111,13 +109,13 @@ def measure(params: dict[str, Any], ctx: CellContext) -> dict[str, float]:
         return {"loss": nt_xent_loss(z[:, 0], z[:, 1], temperature=TEMPERATURE)}
 
     fit_cell(model, optimizer, loader, step, ctx, scheduler, {"shared": params["shared"]})
-    return _factor_accuracy(model, ctx)
+    return _factor_accuracy(model, ctx, sets)
 
 
 def random_init(params: dict[str, Any], ctx: CellContext) -> dict[str, float]:
     """The untrained encoder's factor accuracies: low-level factors are decodable from the
     start, so a factor counts as learned only above this line."""
-    return _factor_accuracy(_model(ctx), ctx)
+    return _factor_accuracy(_model(ctx), ctx, _probe_sets(ctx))
 
 
 def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir) -> dict[str, str]:

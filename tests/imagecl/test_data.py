@@ -20,8 +20,8 @@ from imagecl.data import (
     DATASETS,
     ImageData,
     TensorImageDataset,
-    _channel_stats,
     _stratified_split,
+    channel_stats,
     collate_uint8,
     digit_images,
     images_and_labels,
@@ -473,8 +473,8 @@ def test_tensor_image_dataset_checks() -> None:
 
 def test_channel_stats_oracle() -> None:
     images = torch.randint(0, 256, (37, 3, 9, 9), dtype=torch.uint8)
-    mean, std = _channel_stats(images)
+    mean, std = channel_stats(images)
     expected_mean, expected_std = float_stats(images)
     assert mean == pytest.approx(expected_mean.tolist(), abs=1e-12)
     assert std == pytest.approx(expected_std.tolist(), abs=1e-12)
-    assert _channel_stats(torch.full((2, 1, 3, 3), 255, dtype=torch.uint8)) == ((1.0,), (0.0,))
+    assert channel_stats(torch.full((2, 1, 3, 3), 255, dtype=torch.uint8)) == ((1.0,), (0.0,))
