@@ -7,7 +7,7 @@ plain kornia, side by side in one run.
 
 Each method turns the same ``--images`` uint8 images into ``--views`` normalised float32 views:
 
-* ours: :class:`imagecl.augment.SimCLRViews` on the whole batch on ``--device``;
+* ours: :class:`imagecl.augment.SimCLRViews` on the whole batch, moved to ``--device`` once;
 * plain kornia: the same ops built directly as ``kornia.augmentation.AugmentationSequential``
   (crop, flip, jitter, grayscale, blur when the preset has it, normalise) on the float batch
   repeated ``V`` times, on ``--device`` — no wrapper;
@@ -79,7 +79,7 @@ def methods(args: argparse.Namespace) -> dict[str, tuple[Callable[[], object], t
     pil_images = [Image.fromarray(im.permute(1, 2, 0).numpy()) for im in cpu_images]
     images = cpu_images.to(device)
 
-    ours = SimCLRViews(args.size, MEAN, STD, args.preset, views=args.views)
+    ours = SimCLRViews(args.size, MEAN, STD, args.preset, views=args.views).to(device)
     kornia_run = plain_kornia(args.size, args.preset, args.views)
     per_image = torchvision_views(args.size, MEAN, STD, args.preset, views=args.views)
     cpu = torch.device("cpu")

@@ -1,5 +1,6 @@
-"""Peak training memory of end-to-end SimCLR, GIM and LoCo: fit's single backward vs per-unit;
-with ``--readout``, also their readout accuracy per stage on digits-m over seeds.
+"""Peak training memory of end-to-end SimCLR, GIM and LoCo: fit's single backward vs the per-unit
+step that ``imagecl train --method loco`` runs; with ``--readout``, also their readout accuracy
+per stage on digits-m over seeds.
 
     python benchmarks/loco_memory.py                 # CPU: small_cnn and resnet18, 256 images
     python benchmarks/loco_memory.py --device cuda --batch 512
@@ -13,13 +14,18 @@ and prints one markdown table (mean ± std over seeds) with the peak memory of o
 step of that very model and batch, for both paths below. Finished runs in ``--out`` are only
 re-evaluated.
 
-One training step — the forward of both views stacked (2 × ``--batch`` rows of 32×32) and the
-backward — of one backbone (the same initial weights every time) trained as end-to-end SimCLR,
-GIM (overlap 0) and LoCo (overlap 1), 4 stages, 128-d heads, through two paths of
-:mod:`imagecl.loco`:
+One training step — the forward of both views stacked (2 × ``--batch`` rows of 32×32), the
+backward and the optimizer step — of one backbone (the same initial weights every time) trained
+as end-to-end SimCLR, GIM (overlap 0) and LoCo (overlap 1), 4 stages, 128-d heads, through the
+two updaters of :mod:`shared.updaters` / :mod:`imagecl.loco`:
 
-(a) ``loco_train_step`` and one backward of its total loss, what ``shared.train.fit`` runs;
-(b) ``local_backward_step``, which back-propagates each unit's loss as soon as it exists.
+(a) ``OptimizerUpdater`` with ``loco_train_step``: one backward of the total loss, what
+    ``shared.train.fit`` runs;
+(b) ``LocalUpdater``, what ``imagecl train --method loco`` runs: each unit's loss
+    back-propagated as soon as it exists (``local_backward_step``).
+
+The optimizer is SGD with a learning rate of 0 (no state, the weights stay the same), so every
+row measures the same model.
 
 Peak memory is the allocator's high-water mark above the start of the step (CPU: the torch
 profiler's memory events, as in benchmarks/losses.py; CUDA: ``torch.cuda.max_memory_allocated``).
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gc
 import json
 import statistics
@@ -49,7 +56,8 @@ from benchmarks.losses import peak_memory
 from imagecl import train
 from imagecl.augment import SimCLRViews
 from imagecl.backbones import build_backbone
-from imagecl.loco import LoCoModel, local_backward_step, loco_train_step
+from imagecl.loco import LocalUpdater, LoCoModel, loco_train_step
+from shared.updaters import OptimizerUpdater, StepContext, Updater
 
 TAU = 0.5  # SimCLR's CIFAR temperature
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)  # CIFAR-10
@@ -67,18 +75,20 @@ TRAIN_FLAGS: dict[str, tuple[str, list[str]]] = {
 Batch = tuple[Tensor, Tensor]
 
 
-def single_backward(model: LoCoModel, batch: Batch, views: Callable[[Tensor], Tensor]) -> None:
-    """Path (a): one total loss, one backward (as ``fit`` does)."""
-    out = loco_train_step(model, batch, views=views, temperature=TAU, gather=False)
-    torch.autograd.backward(out["loss"])
+def single_backward(model: LoCoModel, views: Callable[[Tensor], Tensor]) -> Updater:
+    """Path (a): one total loss, one backward (``fit``'s updater)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    step = functools.partial(loco_train_step, views=views, temperature=TAU, gather=False)
+    return OptimizerUpdater(model, optimizer, step)
 
 
-def per_unit_backward(model: LoCoModel, batch: Batch, views: Callable[[Tensor], Tensor]) -> None:
-    """Path (b): each unit back-propagated as soon as its loss is computed."""
-    local_backward_step(model, batch, views=views, temperature=TAU)
+def per_unit_backward(model: LoCoModel, views: Callable[[Tensor], Tensor]) -> Updater:
+    """Path (b): each unit back-propagated as soon as its loss exists (``imagecl train``'s)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    return LocalUpdater(model, optimizer, views=views, temperature=TAU, gather=False)
 
 
-PATHS = {"(a) single backward": single_backward, "(b) per-unit backward": per_unit_backward}
+PATHS = {"(a) single backward": single_backward, "(b) per-unit (CLI)": per_unit_backward}
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
@@ -109,8 +119,10 @@ def bench_backbone(name: str, batch_size: int, device: torch.device) -> list[dic
         torch.manual_seed(1)  # the same heads for every path
         model = LoCoModel(copy.deepcopy(backbone), **kwargs).to(device).train()
         params = sum(p.numel() * p.element_size() for p in model.parameters())
-        for path, step in PATHS.items():
-            run = lambda step=step, model=model: step(model, batch, views)  # noqa: E731
+        for path, make in PATHS.items():
+            updater = make(model, views)
+            ctx = StepContext(step=1, device=device, dtype=None)
+            run = lambda u=updater, ctx=ctx: u.step(iter([batch]), ctx)  # noqa: E731
             model.zero_grad(set_to_none=True)
             gc.collect()
             peak = peak_bytes(run, device)

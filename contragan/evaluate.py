@@ -11,8 +11,9 @@ The extractor is trained once per data set and cached (``--cache-dir``); below
 adds the Inception FID of torchmetrics from weights on disk (nothing downloads).
 
 Writes ``summary.json`` (``<metric>``/``<metric>_std`` over seeds and ``real_<metric>``/
-``real_<metric>_std``), ``report.md`` with the table, and plots (per-class FD, a sample grid)
-into ``--out`` (default: ``evaluation/`` inside the run folder).
+``real_<metric>_std``), ``report.md`` with the table, plots (per-class FD, a sample grid) and
+``skipped.csv`` (image files that could not be read) into ``--out`` (default: ``evaluation/``
+inside the run folder); a folder that already holds files is refused, never overwritten.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from torch import Tensor, nn
 from contragan.extractor_cache import load_or_train_extractor
 from contragan.metrics import evaluate_samples, inception_fid, real_vs_real
 from contragan.train import load_generator, save_class_grid
-from imagecl.data import images_and_labels, load_data
+from imagecl.data import images_and_labels, load_data, report_skipped_images, skipped_summary
 from shared.config import parse_config
 from shared.runs import RunDir, write_report, write_summary
-from shared.runtime import eval_mode, select_device
+from shared.runtime import eval_mode, runs_on_this_rank, select_device
 
 __all__ = ["Config", "generate", "main", "results_table"]
 
@@ -48,18 +49,29 @@ FIGURES = {
 class Config:
     """Offline metrics of a contragan checkpoint, each next to its real-vs-real value."""
 
-    checkpoint: Path | None = None
-    data_root: Path | None = None  # where the run's data set lies now (default: as trained)
-    seeds: int = 3  # generated sets (and real-vs-real draws): seeds seed .. seed + seeds - 1
-    ema: bool = True  # the EMA generator when the run kept one
+    # group: data
+    checkpoint: Path | None = None  # a contragan run's checkpoints/last.pt (required)
+    data_root: Path | None = None  # where the run's data set lies now, if not where it was trained
+    # group: method
+    seeds: int = 3
+    """generated sets (and real-vs-real draws) to average, >= 1: seeds seed .. seed + seeds − 1"""
+    ema: bool = True  # use the EMA generator when the run kept one
+    # group: model
     cache_dir: Path = Path("runs/contragan/extractors")
+    """folder where the trained feature extractors are cached, per data set"""
     min_extractor_accuracy: float = 0.95
-    extractor_epochs: int = 12
-    cas_epochs: int = 12
-    inception_weights: Path | None = None  # torch-fidelity's Inception weights on disk
-    out: Path | None = None  # default: <run>/evaluation
-    seed: int = 0
+    """refuse an extractor whose test accuracy is below this, in [0, 1]"""
+    extractor_epochs: int = 12  # training epochs of the feature extractor, >= 1
+    # group: method
+    cas_epochs: int = 12  # epochs of the CAS classifier trained on generated images, >= 1
+    # group: model
+    inception_weights: Path | None = None
+    """torch-fidelity's Inception weights on disk, for the Inception FID; none: skipped"""
+    # group: run
+    out: Path | None = None  # evaluation folder; none: <run>/evaluation; refused if it holds files
+    seed: int = 0  # first seed of the generated sets and the extractor; any integer >= 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when available, else CPU; or force cpu / cuda"""
 
     def __post_init__(self) -> None:
         for name in ("seeds", "extractor_epochs", "cas_epochs"):
@@ -138,15 +150,31 @@ def _plot_intra_fd(
     return path
 
 
+def _open_out(path: Path) -> RunDir:
+    """The evaluation's folder, created; one that already holds files is refused, as every
+    command refuses to mix two runs' files (:meth:`shared.runs.RunDir.create`)."""
+    path = path.expanduser().resolve()
+    try:
+        return RunDir.create(path.parent.name, path.name, root=path.parent.parent)
+    except FileExistsError:
+        raise FileExistsError(
+            f"{path} already holds files (an earlier evaluation?); pass --out DIR for a new "
+            "folder, or delete it first"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``contragan evaluate --checkpoint RUN/checkpoints/last.pt [options]``."""
     cfg = parse_config(Config, argv, prog="contragan evaluate", presets={"quick": QUICK})
+    if not runs_on_this_rank("contragan evaluate"):  # one process: under torchrun, rank 0 alone
+        return {}
     if cfg.checkpoint is None:
         raise ValueError("--checkpoint is required (a run's checkpoints/last.pt)")
     if cfg.inception_weights is not None and not cfg.inception_weights.expanduser().is_file():
         raise FileNotFoundError(f"--inception-weights {cfg.inception_weights} does not exist")
     device = select_device(cfg.device)
     train_cfg, arch, generator = load_generator(cfg.checkpoint, device=device, ema=cfg.ema)
+    out = _open_out(cfg.out or Path(cfg.checkpoint).resolve().parent.parent / "evaluation")
     data = load_data(
         train_cfg.data, root=cfg.data_root or train_cfg.data_root, seed=train_cfg.seed,
         image_size=train_cfg.image_size,
@@ -155,6 +183,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data, train_cfg.data, cache_dir=cfg.cache_dir, seed=cfg.seed, device=device,
         min_accuracy=cfg.min_extractor_accuracy, epochs=cfg.extractor_epochs,
     )  # fmt: skip
+    # after the extractor's refusal: a refused evaluation leaves no file that blocks the next
+    report_skipped_images(data, out)  # skipped.csv and one line
     test_images, test_labels = images_and_labels(data.test)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     runs = []
@@ -178,11 +208,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     real = real_vs_real(
         cached.extractor, data, seeds=seeds, cas_epochs=cfg.cas_epochs, device=device
     )
-    out = RunDir(cfg.out or Path(cfg.checkpoint).resolve().parent.parent / "evaluation")
-    out.plots.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {
         "checkpoint": str(cfg.checkpoint), "data": train_cfg.data, "loss": train_cfg.loss,
-        "seeds": len(seeds), "extractor_test_accuracy": cached.test_accuracy,
+        "seeds": len(seeds), "skipped": len(data.skipped),
+        "extractor_test_accuracy": cached.test_accuracy,
     }  # fmt: skip
     for key in generated:
         summary[key], summary[f"{key}_std"] = generated[key]
@@ -203,6 +232,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ),
         "Figures": results_table(generated, real),
     }
+    skipped = skipped_summary(data, out.skipped_path.name)
+    if skipped is not None:
+        sections["Skipped files"] = skipped
     title = f"contragan evaluate: {train_cfg.loss} on {train_cfg.data}"
     write_report(out, title, sections, summary=summary)
     print(results_table(generated, real))

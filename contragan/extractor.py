@@ -1,7 +1,7 @@
 """The feature space of the offline GAN metrics: a small CNN classifier trained on the real data.
 
 FID and KID are defined in the feature space of an ImageNet Inception-v3, whose weights are a
-download away. Offline (REFERENCES.md, "GAN side") the features come instead from a classifier
+download away. Offline (nothing is downloaded) the features come instead from a classifier
 trained here on the real training split; its test accuracy is reported with every figure and must
 be high, else distances in its feature space say little
 (:func:`contragan.extractor_cache.load_or_train_extractor` refuses).

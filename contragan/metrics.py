@@ -1,9 +1,10 @@
 """Offline GAN metrics: distances, coverage and class consistency in a locally trained space.
 
-REFERENCES.md ("GAN side"): without Inception weights the figures are computed in the feature
+Without Inception weights (nothing is downloaded) the figures are computed in the feature
 space of :class:`~contragan.extractor.FeatureExtractor`, a classifier trained on the real train
 split; every figure is reported next to its real-vs-real value (:func:`real_vs_real`).
-ContraGAN's known failure is class confusion (intra-class FID 119.6 vs 14.3 for BigGAN), which
+ContraGAN's known failure is class confusion (intra-class FID 119.6 vs 14.3 for BigGAN in
+StudioGAN's CIFAR-10 benchmark; StudioGAN issues #20 and #81), which
 FD alone does not see; GAN-test, CAS and per-class FD do.
 
 Conventions:

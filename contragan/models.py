@@ -8,7 +8,7 @@ global *sum* pool, giving h, read by an unconditional linear logit and by one of
 class-conditioning heads, one per ``loss``:
 
 - ``"contra"`` (ContraGAN): a projection head ``l = W h`` and a class embedding ``e(y)``, the
-  embedding and proxy of the 2C loss (REFERENCES.md, Eq. 8); the adversarial logit stays
+  embedding and proxy of the 2C loss (Kang & Park 2020, Eq. 8); the adversarial logit stays
   unconditional.
 - ``"proj"`` (ProjGAN, Miyato & Koyama 2018, Eq. 3): the adversarial logit gains ``⟨e(y), h⟩``.
 - ``"ac"`` (ACGAN, Odena et al. 2017): class logits ``W h`` for an auxiliary cross-entropy.

@@ -18,7 +18,7 @@ import torch
 from contragan.train import load_generator, save_class_grid
 from shared.checkpoint import atomic_write
 from shared.config import parse_config
-from shared.runtime import select_device
+from shared.runtime import runs_on_this_rank, select_device
 
 __all__ = ["Config", "main", "parse_classes"]
 
@@ -27,14 +27,22 @@ __all__ = ["Config", "main", "parse_classes"]
 class Config:
     """Draw a grid of samples, one row per class, from a contragan checkpoint."""
 
-    checkpoint: Path | None = None
-    classes: str = "all"  # "0-9", "1,3,5", "0-2,7" or "all"
-    per_class: int = 8
-    out: Path = Path("samples.png")
-    tensors: Path | None = None  # also save samples and labels as safetensors
-    ema: bool = True  # the EMA generator when the run kept one
-    seed: int = 0
+    # group: data
+    checkpoint: Path | None = None  # a contragan run's checkpoints/last.pt (required)
+    # group: method
+    classes: str = "all"
+    """classes to draw, one row each: all, or ids and ranges such as 0-9, 1,3,5 or 0-2,7"""
+    per_class: int = 8  # samples per class (columns of the grid), >= 1
+    # group: run
+    out: Path = Path("samples.png")  # the PNG file of the grid
+    tensors: Path | None = None
+    """also save the samples and labels to this safetensors file; none: no"""
+    # group: method
+    ema: bool = True  # use the EMA generator when the run kept one
+    # group: run
+    seed: int = 0  # random seed of the latent vectors z; any integer >= 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when available, else CPU; or force cpu / cuda"""
 
     def __post_init__(self) -> None:
         if self.per_class < 1:
@@ -69,6 +77,8 @@ def parse_classes(spec: str, num_classes: int) -> list[int]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``contragan sample --checkpoint RUN/checkpoints/last.pt [options]``."""
     cfg = parse_config(Config, argv, prog="contragan sample", presets={"quick": {}})
+    if not runs_on_this_rank("contragan sample"):  # one process: under torchrun, rank 0 alone
+        return {}
     if cfg.checkpoint is None:
         raise ValueError("--checkpoint is required (a run's checkpoints/last.pt)")
     device = select_device(cfg.device)

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from contragan.losses import AdvLoss
 from contragan.models import GanArch, GanLoss, Generator, build_gan
 from contragan.updater import GanUpdater
-from imagecl.data import ImageData, collate_uint8, load_data
+from imagecl.data import ImageData, collate_uint8, load_data, report_skipped_images, skipped_summary
 from shared.checkpoint import export_encoder, load_checkpoint
 from shared.config import load_config, parse_config, save_config
 from shared.plots import plot_loss_curves, save_image_grid
@@ -53,45 +53,69 @@ __all__ = [
 ]  # fmt: skip
 
 GanData = Literal["digits", "digits-m", "cifar10", "cifar100", "imagefolder"]
+DIGITS_DATA = ("digits", "digits-m")  # --arch auto trains the small digits networks on these
 
 
 @dataclass(frozen=True)
 class Config:
     """Train a class-conditional GAN: ContraGAN (2C loss) or the ProjGAN/ACGAN baselines."""
 
+    # group: data
     data: GanData = "cifar10"
+    """digits, digits-m (offline), cifar10/cifar100 (torchvision, in --data-root) or imagefolder
+    (a sub-folder per class)"""
     data_root: Path | None = None
-    download: bool = False
-    image_size: int | None = None  # digits: upsampled to this (32); folders: resized (32)
-    arch: Literal["auto", "digits", "resnet32"] = "auto"  # auto: digits for digits/digits-m
-    width: int | None = None  # base channels of G and D (None: the arch's, 96 or 32)
+    """folder of the torchvision data set or of the images; the digits need none"""
+    download: bool = False  # let torchvision fetch cifar10/cifar100 into --data-root
+    image_size: int | None = None
+    """image side in pixels: digits are upsampled, folders resized; none: 32"""
+    # group: model
+    arch: Literal["auto", "digits", "resnet32"] = "auto"
+    """G and D: digits (small networks, sides b·2^u up to 128), resnet32 (CIFAR's, 32×32 only),
+    or auto: digits for digits/digits-m, resnet32 otherwise"""
+    width: int | None = None
+    """base channels of G and D, >= 1; none: the arch's (resnet32 96, digits 32)"""
+    # group: method
     loss: GanLoss = "contra"
-    adv_loss: AdvLoss = "hinge"
-    lambda_2c: float = 1.0  # weight of 2C (1 in every reference config)
-    tau: float = 1.0  # 2C temperature (1 in every reference config)
-    ac_weight: float = 1.0  # ACGAN's classification weight
-    diffaug: str | None = None  # e.g. "color,translation,cutout"
-    batch_size: int = 64  # per process, for D's real batch and G's fakes
-    n_dis: int = 5
-    g_lr: float = 2e-4
-    d_lr: float = 2e-4
-    beta1: float = 0.5
-    beta2: float = 0.999
-    ema: bool = True
-    ema_decay: float = 0.9999
-    ema_start: int = 1000
-    epochs: int | None = None
-    max_steps: int | None = 100_000  # G steps
+    """contra (ContraGAN: adversarial + 2C loss), proj (projection D, ProjGAN) or ac (auxiliary
+    classifier, ACGAN)"""
+    adv_loss: AdvLoss = "hinge"  # the adversarial loss: hinge (ContraGAN's) or nonsaturating
+    lambda_2c: float = 1.0  # contra: weight of the 2C loss, >= 0 (1 in every reference config)
+    tau: float = 1.0  # contra: temperature of the 2C loss, > 0 (1 in every reference config)
+    ac_weight: float = 1.0  # ac: weight of the classification loss, >= 0
+    diffaug: str | None = None
+    """DiffAugment policies for D's real and fake images, comma-separated from color,
+    translation, cutout; none: off"""
+    # group: optimisation
+    batch_size: int = 64  # images per process for D's real batch and for G's fakes, >= 1
+    n_dis: int = 5  # D steps per G step, >= 1 (ContraGAN CIFAR: 5)
+    g_lr: float = 2e-4  # Adam learning rate of G, > 0
+    d_lr: float = 2e-4  # Adam learning rate of D, > 0
+    beta1: float = 0.5  # Adam β1 of G and D, in [0, 1)
+    beta2: float = 0.999  # Adam β2 of G and D, in [0, 1)
+    # group: method
+    ema: bool = True  # keep an exponential moving average of G for sampling and evaluation
+    ema_decay: float = 0.9999  # EMA decay per G step, in [0, 1) (StudioGAN: 0.9999)
+    ema_start: int = 1000  # G steps before the EMA starts averaging (it copies G until then), >= 0
+    # group: optimisation
+    epochs: int | None = None  # passes over the data set; none: --max-steps decides
+    max_steps: int | None = 100_000  # stop after this many G steps; none: --epochs decides
+    # group: run
     amp: Literal["auto", "bf16", "off"] = "auto"
-    seed: int = 0
+    """mixed precision: auto = bf16 autocast on CUDA, fp32 on CPU; bf16; off = fp32"""
+    seed: int = 0  # random seed of initialisation, data order and augmentations; any integer >= 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_workers: int = 0
-    log_every: int = 50
-    eval_every: int | None = 2000  # a sample grid (None: at the end only)
+    """auto: CUDA when available, else CPU; or force cpu / cuda"""
+    num_workers: int = 0  # DataLoader worker processes that decode images; 0 = in the main process
+    log_every: int = 50  # write a metrics.csv row every N G steps, >= 1
+    eval_every: int | None = 2000  # save a sample grid every N G steps; none: at the end only
     checkpoint_every: int | None = 2000
-    progress: bool = True  # a progress bar on rank 0
+    """save checkpoints/last.pt every N G steps; none: at the end only"""
+    progress: bool = True  # show a progress bar (rank 0 only)
     out: Path | None = None
-    resume: bool = False
+    """run folder; none: runs/contragan/<loss>-<time>; a non-empty folder is refused without
+    --resume"""
+    resume: bool = False  # continue the run in --out from checkpoints/last.pt (same config)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "n_dis"):
@@ -130,7 +154,12 @@ QUICK: dict[str, Any] = {
 
 
 def build_arch(cfg: Config, data: ImageData) -> GanArch:
-    """G and D's architecture: image size, channels and classes from ``data``."""
+    """G and D's architecture: image size, channels and classes from ``data``.
+
+    ``--arch auto`` chooses by data set: the small ``digits`` networks for digits and
+    digits-m, ``resnet32`` (StudioGAN's CIFAR-10 recipe) for every other set, which must then
+    be 32×32 (a ``ValueError`` otherwise; ``--arch digits`` takes other sizes).
+    """
     image, _ = data.train[0]
     channels, size = int(image.shape[0]), int(image.shape[-1])
     if data.num_classes < 2:
@@ -139,7 +168,13 @@ def build_arch(cfg: Config, data: ImageData) -> GanArch:
         )
     name = cfg.arch
     if name == "auto":
-        name = "digits" if cfg.data in ("digits", "digits-m") or size != 32 else "resnet32"
+        name = "digits" if cfg.data in DIGITS_DATA else "resnet32"
+        if name == "resnet32" and size != 32:
+            raise ValueError(
+                f"--arch auto picks resnet32 (the CIFAR-10 networks) for {cfg.data}, and it "
+                f"takes 32×32 images only, got {size}×{size}: pass --image-size 32, or --arch "
+                "digits (the small networks: 16, 24, 28, 48, 64 and other b·2^u up to 128)"
+            )
     make = GanArch.digits if name == "digits" else GanArch.resnet32
     widths = {} if cfg.width is None else {"g_channels": cfg.width, "d_channels": cfg.width}
     arch = make(
@@ -264,6 +299,7 @@ def finish(
     plot_loss_curves(run.metrics_path, run.plots / "losses.png", keys=_curve_keys(cfg))
     summary: dict[str, Any] = {
         "loss": cfg.loss, "data": cfg.data, "arch": arch.name, "steps": result.step,
+        "skipped": len(built.data.skipped),
         **{k: v for k, v in result.metrics.items() if k != "epoch"},
     }  # fmt: skip
     write_summary(run.summary_path, summary)
@@ -276,6 +312,9 @@ def finish(
             "`contragan evaluate --checkpoint checkpoints/last.pt` measures it."
         )
     }
+    skipped = skipped_summary(built.data, run.skipped_path.name)
+    if skipped is not None:
+        sections["Skipped files"] = skipped
     write_report(run, f"contragan train: {cfg.loss} on {cfg.data}", sections, summary=summary)
     return summary
 
@@ -321,6 +360,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if env.rank == 0:
             save_config(cfg, run.path)
             save_arch(built.arch, run)
+            report_skipped_images(built.data, run)  # skipped.csv and one line
         loop_cfg = LoopConfig(
             epochs=cfg.epochs, max_steps=cfg.max_steps, log_every=cfg.log_every,
             eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, amp=cfg.amp,

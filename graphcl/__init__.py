@@ -1,2 +1,2 @@
 """GraphCL: batched graph augmentations and GNN pre-training on molecular graphs, fine-tuning
-and probing. The pipelines land here with their issues; ``graphcl --help`` lists what exists."""
+and probing: ``graphcl pretrain|finetune|probe|augment`` (``graphcl --help``)."""

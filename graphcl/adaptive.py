@@ -93,7 +93,8 @@ class AugmentationSampler:
 
     def sample(self, generator: torch.Generator | None = None) -> tuple[int, int]:
         """Draw the pair ``(i, j)`` of one batch from the current distribution (CPU)."""
-        index = int(torch.multinomial(self.probabilities.view(-1), 1, generator=generator))
+        # the distribution lives on the CPU: reading the draw is no device wait
+        (index,) = torch.multinomial(self.probabilities.view(-1), 1, generator=generator).tolist()
         i, j = divmod(index, self.num_augmentations)
         return i, j
 

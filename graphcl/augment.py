@@ -1,5 +1,6 @@
 """GraphCL's graph augmentations (You et al. 2020) on a collated batch, with exact per-graph
-semantics (DESIGN.md decision 7).
+semantics: each graph loses exactly its own share, ``edge_attr`` stays aligned with
+``edge_index``, no edge crosses graphs and no graph becomes empty.
 
 Every augmentation takes a collated PyG ``Batch`` (``Batch.from_data_list`` or a DataLoader) on
 any device and returns a NEW ``Batch`` with the same graphs in the same order; the input is
@@ -9,8 +10,8 @@ with ``n_g`` nodes and ``m_g`` undirected bonds loses (or has masked) exactly ``
 or has exactly ``⌊p·m_g⌋`` bonds perturbed (``⌊·⌋`` of the float64 product, as Python's
 ``int(p * n)`` in the reference code). All graphs are augmented at once, never in a Python loop
 over graphs: exact-size uniform choices per graph come from vectorised sequential rejection
-sampling (:func:`graphcl.sampling._choose`), growth from a first-passage relaxation
-(:func:`graphcl.sampling._growth_times`).
+sampling (:class:`graphcl.sampling._Choice`), growth from a first-passage relaxation
+(:class:`graphcl.sampling._Growth`).
 
 Node-level attributes (``x``, ``pos``, ...), edge-level attributes (``edge_attr``, ...) and
 graph-level ones (``y``, ``smiles``, ...) are told apart by their collation slices; dropped
@@ -20,9 +21,17 @@ result still splits with ``get_example``/``to_data_list`` (the batch is rebuilt 
 
 Randomness comes from ``generator`` when given, drawn on the generator's device and moved to the
 batch's (so a seed gives the same augmentation on the CPU and on a GPU, and the global RNG is
-untouched), else from torch's global RNG of the batch's device. Output sizes depend on the draw,
-so each call synchronises with the device a few times (a handful, plus one per relaxation round
-in ``subgraph``), never once per graph.
+untouched), else from torch's global RNG of the batch's device.
+
+Host round-trips: output sizes depend on the draw, and a PyG ``Batch`` keeps its sizes on the
+host (collation slices, ``num_nodes``), so an augmentation that changes sizes reads the new
+per-graph edge counts from the device once (the node counts follow from the slices on the
+host), with the check of its random choice folded into that read: ``drop_nodes`` and
+``subgraph`` read once, ``mask_attributes`` once (its choice's check), ``perturb_edges`` two
+or three times (the bonds per graph, the kept edges, the check of each rejection round of the
+new bonds), ``random_choice`` once plus once per part, ``identity`` never. Rarely a choice or
+the subgraph relaxation needs further rounds, each read once. Every other size is derived on
+the host from the slices (CPU metadata), never once per graph.
 """
 
 from __future__ import annotations
@@ -42,19 +51,29 @@ from graphcl.batching import (
     _columns,
     _counts,
     _indices,
+    _kept_edges,
     _layout,
     _merge,
     _merge_sorted,
+    _node_edge_slices,
+    _offsets,
+    _on_host,
     _ptr,
+    _read,
+    _read_counts,
     _select,
+    _select_graphs,
+    _to_device,
+    _total,
 )
 from graphcl.sampling import (
     _Bonds,
+    _Choice,
     _choose,
     _draw,
     _enumerate_non_bonds,
     _floor_fraction,
-    _growth_times,
+    _Growth,
     _one_hop,
     _sample_non_bonds,
 )
@@ -89,6 +108,23 @@ def _nodes_per_graph(batch: Batch) -> Tensor:
     return ptr.diff()  # (G,)
 
 
+def _select_nodes(
+    batch: Batch, layout: Any, choose: Callable[[], tuple[Tensor, Tensor | None]],
+    finish: Callable[[], object], host_counts: Tensor,
+) -> Batch:  # fmt: skip
+    """Keep the nodes ``choose()`` returns (with its device flag: the choice may be
+    unfinished), ``host_counts`` (CPU) per graph: the view's one device read, the edges each
+    graph keeps with the flag; when the flag was set, ``finish()`` and choose again."""
+    node_mask, unfinished = choose()
+    edge_counts = _kept_edges(batch, node_mask, unfinished)
+    if edge_counts is None:
+        finish()
+        node_mask, _ = choose()
+        edge_counts = _kept_edges(batch, node_mask)
+        assert edge_counts is not None
+    return _select(batch, layout, node_mask, host_counts, edge_counts)
+
+
 # --------------------------------------------------------------------------- augmentations
 
 
@@ -106,8 +142,15 @@ def drop_nodes(batch: Batch, p: float = 0.2, *, generator: torch.Generator | Non
     """
     _check_p("drop_nodes", p, allow_one=False)
     layout = _layout(batch)
-    dropped = _choose(batch.ptr, _floor_fraction(p, _nodes_per_graph(batch)), generator)
-    return _select(batch, layout, ~dropped)
+    host_ptr, _ = _node_edge_slices(batch)
+    host_dropped = _floor_fraction(p, host_ptr.diff())  # ⌊p·n_g⌋ on the host, from the slices
+    choice = _Choice(
+        batch.ptr, _floor_fraction(p, _nodes_per_graph(batch)), generator, host_ptr, host_dropped
+    )
+    return _select_nodes(
+        batch, layout, lambda: (~choice.mask(finish=False), choice.unfinished), choice.mask,
+        host_ptr.diff() - host_dropped,
+    )  # fmt: skip
 
 
 def mask_attributes(
@@ -148,8 +191,11 @@ def mask_attributes(
         value = value.view(x.shape[1:])
     elif not x.is_floating_point():
         raise ValueError(f"mode={mode!r} needs float x; categorical x is masked with mode='mask'")
-    masked = _choose(batch.ptr, _floor_fraction(p, _nodes_per_graph(batch)), generator)
-    rows = _indices(masked)  # (M,) masked atoms
+    host_ptr, _ = _node_edge_slices(batch)
+    host_masked = _floor_fraction(p, host_ptr.diff())  # ⌊p·n_g⌋ on the host, from the slices
+    counts = _floor_fraction(p, _nodes_per_graph(batch))
+    masked = _choose(batch.ptr, counts, generator, host_ptr, host_masked)  # reads once
+    rows = _indices(masked, _total(host_masked))  # (M,) masked atoms
     if mode == "zero":
         value = x.new_zeros(x.shape[1:])
     elif mode == "noise":
@@ -185,18 +231,22 @@ def random_choice(
     if len(augmentations) == 0:
         raise ValueError("random_choice needs at least one augmentation")
     layout = _layout(batch)
-    device = batch.batch.device
+    device, K = batch.batch.device, len(augmentations)
     choice = torch.randint(
-        len(augmentations), (batch.num_graphs,), generator=generator,
+        K, (batch.num_graphs,), generator=generator,
         device=device if generator is None else generator.device,
-    ).cpu()  # fmt: skip
+    )  # fmt: skip
+    host_choice = _read(choice)  # the graphs of each part, on the host
+    choice = _to_device(choice, device)
+    by_choice = torch.argsort(host_choice, stable=True)  # (G,) graph ids grouped by choice
+    per_choice = _on_host(_counts(host_choice, K))
     parts, graph_ids = [], []
-    for k, augmentation in enumerate(augmentations):
-        graphs = (choice == k).nonzero().view(-1)
+    for k, (augmentation, graphs) in enumerate(
+        zip(augmentations, torch.split(by_choice, per_choice), strict=True)
+    ):
         if graphs.numel() == 0:
             continue
-        node_mask = _at((choice == k).to(device), batch.batch)
-        part = _select(batch, layout, node_mask, graphs)
+        part = _select_graphs(batch, layout, _at(choice == k, batch.batch), graphs)
         parts.append(augmentation(part, p, generator=generator, **kwargs))
         graph_ids.append(graphs)
     return _merge(batch, layout, parts, graph_ids)
@@ -243,49 +293,98 @@ def perturb_edges(
     first = torch.ones_like(keys, dtype=torch.bool)
     first[1:] = keys[1:] != keys[:-1]
     bond_of_edge = torch.empty_like(order).scatter_(0, order, first.long().cumsum(0) - 1)
-    bond_keys = keys.masked_select(first)  # (M,) ascending
-    bond_lo, bond_hi = bond_keys // num_nodes, bond_keys % num_nodes
-    bond_graph = _at(batch_vector, bond_lo)
-    bonds = _counts(bond_graph, num_graphs)  # m_g
-    perturbed = _floor_fraction(p, bonds)  # (G,)
-    removed = _choose(_ptr(bond_graph, num_graphs), perturbed, generator)  # (M,)
-    kept = _indices(~_at(removed, bond_of_edge))  # (E_kept,) grouped by graph
+    key_graph = _at(batch_vector, keys // num_nodes)  # (E,)
+    per_graph = torch.stack([  # (2, G): m_g, and the bonds that are no self-loop
+        _counts(key_graph, num_graphs, first),
+        _counts(key_graph, num_graphs, first & (keys // num_nodes != keys % num_nodes)),
+    ])  # fmt: skip
+    bonds, proper = per_graph
+    host_bonds, host_proper = _read(per_graph)  # device read 1: the bonds of every graph
+    host_ptr, _ = _node_edge_slices(batch)
+    perturbed, wanted, listed = _perturbation(p, counts, bonds, proper)  # (G,) each
+    host_perturbed, host_wanted, host_listed = _perturbation(
+        p, host_ptr.diff(), host_bonds, host_proper
+    )
+    bond_keys = _at(keys, _indices(first, _total(host_bonds)))  # (M,) ascending
+    bond_graph = _at(batch_vector, bond_keys // num_nodes)
+    choice = _Choice(_ptr(bond_graph, num_graphs), perturbed, generator, _offsets(host_bonds),
+                     host_perturbed)  # fmt: skip
+
+    def kept_edges() -> tuple[Tensor, Tensor | None]:
+        kept = ~_at(choice.mask(finish=False), bond_of_edge)
+        return kept, choice.unfinished
+
+    # device read 2: the edges each graph keeps (with the choice's check)
+    edge_graph = _at(batch_vector, edge_index[0])  # (E,)
+    kept_mask, unfinished = kept_edges()
+    host_kept = _read_counts(edge_graph, num_graphs, kept_mask, unfinished)
+    if host_kept is None:
+        choice.mask()
+        kept_mask, _ = kept_edges()
+        host_kept = _read_counts(edge_graph, num_graphs, kept_mask)
+        assert host_kept is not None
+    kept = _indices(kept_mask, _total(host_kept))  # (E_kept,) grouped by graph
 
     # additions among the free pairs; each graph by enumeration or rejection (see docstrings)
-    pairs = counts * (counts - 1) // 2
-    free = pairs - _counts(bond_graph, num_graphs, bond_lo != bond_hi)
-    wanted = torch.minimum(perturbed, free)
-    listed = (wanted > 0) & ((2 * free < pairs) | (free < 2 * wanted))
-    bonded = _Bonds(bond_keys, batch_vector, ptr)
+    bonded = _Bonds(bond_keys, batch_vector, ptr, host_ptr.diff())
+    host_free = _pairs(host_ptr.diff()) - host_proper
     new_keys = torch.cat([
-        _enumerate_non_bonds(bonded, torch.where(listed, wanted, 0), generator),
-        _sample_non_bonds(bonded, torch.where(listed, 0, wanted), generator),
+        _enumerate_non_bonds(bonded, torch.where(listed, wanted, 0),
+                             torch.where(host_listed, host_wanted, 0), host_free, generator),
+        _sample_non_bonds(bonded, torch.where(listed, 0, wanted),
+                          torch.where(host_listed, 0, host_wanted), generator),  # read 3
     ]).sort().values  # fmt: skip  # (A,) grouped by graph
     u, v = new_keys // num_nodes, new_keys % num_nodes
     added = torch.stack([torch.stack([u, v], 1).view(-1), torch.stack([v, u], 1).view(-1)])
+    num_added = new_keys.numel()  # = Σ_g wanted_g, known on the host
 
     # each graph's kept edges, then its added bonds (both directions): a merge by graph
-    kept_edges = _columns(edge_index, kept)  # (2, E_kept)
+    kept_edges_index = _columns(edge_index, kept)  # (2, E_kept)
     at_kept, at_added = _merge_sorted(
-        _at(batch_vector, kept_edges[0]), _at(batch_vector, added[0]), num_graphs
+        _at(batch_vector, kept_edges_index[0]), _at(batch_vector, added[0]), num_graphs
     )
     size = kept.numel() + added.size(1)
     out_edges = edge_index.new_empty(2, size)
-    out_edges[0].index_copy_(0, at_kept, kept_edges[0]).index_copy_(0, at_added, added[0])
-    out_edges[1].index_copy_(0, at_kept, kept_edges[1]).index_copy_(0, at_added, added[1])
-    if edge_attr_sampler == "empirical" and new_keys.numel():
-        source = _draw(torch.randint, edge_index.size(1), (new_keys.numel(),),
-                       generator=generator, device=device).repeat_interleave(2)  # fmt: skip
+    for row in (0, 1):
+        out_edges[row].index_copy_(0, at_kept, kept_edges_index[row])
+        out_edges[row].index_copy_(0, at_added, added[row])
+    if edge_attr_sampler == "empirical" and num_added:
+        source = _draw(torch.randint, edge_index.size(1), (num_added,), generator=generator,
+                       device=device).repeat_interleave(2, output_size=2 * num_added)  # fmt: skip
     values = {}
     for key, dim in layout.edge.items():
         value = batch[key]
         shape = list(value.shape)
         shape[dim] = size
         out = value.new_zeros(shape).index_copy_(dim, at_kept, value.index_select(dim, kept))
-        if edge_attr_sampler == "empirical" and new_keys.numel():
+        if edge_attr_sampler == "empirical" and num_added:
             out.index_copy_(dim, at_added, value.index_select(dim, source))
         values[key] = out
-    return _assemble(batch, layout, values, out_edges)
+    edge_slices = _offsets(host_kept + 2 * host_wanted)  # the graphs' new edge counts
+    return _assemble(batch, layout, values, edge_index=out_edges, edge_slices=edge_slices)
+
+
+def _pairs(counts: Tensor) -> Tensor:
+    """Unordered pairs of distinct nodes per graph, ``n_g (n_g − 1) / 2``."""
+    return counts * (counts - 1) // 2
+
+
+def _perturbation(
+    p: float, counts: Tensor, bonds: Tensor, proper: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per graph: the bonds removed ``⌊p·m_g⌋``, the bonds wanted among the free pairs, and
+    whether they are chosen by listing the pairs (few free pairs, or most of them wanted);
+    the same on the host and on the device.
+
+    Shape:
+        counts (n_g), bonds (m_g), proper (bonds that are no self-loop): ``(G,)``.
+    """
+    pairs = _pairs(counts)
+    free = pairs - proper
+    perturbed = _floor_fraction(p, bonds)
+    wanted = torch.minimum(perturbed, free)
+    listed = (wanted > 0) & ((2 * free < pairs) | (free < 2 * wanted))
+    return perturbed, wanted, listed
 
 
 def subgraph(
@@ -305,7 +404,7 @@ def subgraph(
     Growth adds one uniformly chosen frontier node (an unchosen neighbour of the set) at a time,
     as the fixed reference code (GraphCL's bio folder) does, so the subgraph is connected and
     spreads over many hops; all graphs are grown at once (see
-    :func:`graphcl.sampling._growth_times`). If the seed's connected component is smaller than
+    :class:`graphcl.sampling._Growth`). If the seed's connected component is smaller than
     the target (a salt, an isolated atom), the whole component is taken and growth restarts
     from a uniformly chosen unchosen node, which lies in another component.
 
@@ -321,17 +420,30 @@ def subgraph(
     layout = _layout(batch)
     counts = _nodes_per_graph(batch)
     target = counts - _floor_fraction(p, counts)  # (G,)
+    host_ptr, _ = _node_edge_slices(batch)
+    host_counts = host_ptr.diff()
+    host_target = host_counts - _floor_fraction(p, host_counts)  # (G,) on the host
     if graphcl_compat:
-        return _select(batch, layout, _one_hop(batch, target, generator))
-    times = _growth_times(batch, generator)
-    order = torch.sort(times, stable=True).indices
-    order = _at(order, torch.sort(_at(batch.batch, order), stable=True).indices)  # (graph, t)
-    start = _ptr(batch.batch, batch.num_graphs)
-    rank_sorted = torch.arange(batch.num_nodes, device=times.device) - _at(start, batch.batch)
-    chosen = torch.zeros_like(batch.batch, dtype=torch.bool).scatter_(
-        0, order, rank_sorted < _at(target, batch.batch)
-    )
-    return _select(batch, layout, chosen)
+        chosen = _one_hop(batch, target, generator)
+        host_kept = _read(_counts(batch.batch, batch.num_graphs, chosen))  # fewer than target
+        edge_counts = _kept_edges(batch, chosen)
+        assert edge_counts is not None
+        return _select(batch, layout, chosen, host_kept, edge_counts)
+    growth = _Growth(batch, generator, max(_on_host(host_counts), default=0))
+    growth.relax()
+
+    def first_nodes() -> tuple[Tensor, Tensor | None]:  # each graph's first `target` nodes
+        times = growth.times
+        order = torch.sort(times, stable=True).indices
+        order = _at(order, torch.sort(_at(batch.batch, order), stable=True).indices)
+        start = _ptr(batch.batch, batch.num_graphs)
+        rank_sorted = torch.arange(batch.num_nodes, device=times.device) - _at(start, batch.batch)
+        chosen = torch.zeros_like(batch.batch, dtype=torch.bool).scatter_(
+            0, order, rank_sorted < _at(target, batch.batch)
+        )
+        return chosen, growth.unsettled
+
+    return _select_nodes(batch, layout, first_nodes, growth.settle, host_target)
 
 
 AUGMENTATIONS: dict[str, Callable[..., Batch]] = {

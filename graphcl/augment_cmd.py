@@ -19,11 +19,19 @@ class Config:
     """Draw a molecule and one view per augmentation (node dropping, edge perturbation,
     attribute masking, subgraph)."""
 
-    smiles: str = "CC(=O)Oc1ccccc1C(=O)O"  # aspirin
-    aug_ratio: float = 0.2  # the fraction removed or changed (subgraph keeps 80 %)
+    # group: data
+    smiles: str = "CC(=O)Oc1ccccc1C(=O)O"  # the molecule to draw, as SMILES (default: aspirin)
+    # group: method
+    aug_ratio: float = 0.2
+    """share of the graph that each augmentation removes or changes, in [0, 1) (subgraph keeps 1
+    − ratio)"""
+    # group: data
     layout: Literal["pyg", "pretrain-gnns"] = "pyg"
-    seed: int = 0
-    out: Path | None = None
+    """atom/bond features: pyg (PyG's from_smiles) or pretrain-gnns (Hu et al.'s 2+2 layout, for
+    their data and weights)"""
+    # group: run
+    seed: int = 0  # random seed of the augmentations; any integer >= 0
+    out: Path | None = None  # run folder; none: runs/graphcl/augment-<time>
 
     def __post_init__(self) -> None:
         if not 0 <= self.aug_ratio < 1:

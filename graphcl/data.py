@@ -3,8 +3,8 @@
 Every source comes back as a :class:`MoleculeData`: the featurised molecules that parsed
 (:func:`graphcl.features.featurize`, layout ``"pyg"`` or ``"pretrain-gnns"``), their canonical
 SMILES, the targets ``(N, T)`` with NaN for a missing label, and the records that were skipped,
-each with where it was, its raw text and the reason. A bad molecule is never fatal (DESIGN.md,
-decision 9): it is skipped, counted (:func:`skipped_summary`) and listed
+each with where it was, its raw text and the reason. A bad molecule is never fatal (a
+corpus of thousands always holds a few): it is skipped, counted (:func:`skipped_summary`) and listed
 (:func:`write_skipped`). Sources (docs/architecture.md, "Offline data"):
 
 - ``"bundled"``: the pre-training corpus, no targets: rdkit's ``Data/NCI/first_5K.smi`` and
@@ -43,14 +43,11 @@ read with ``torch.load(weights_only=True)``. ``cache_dir=False`` turns the cache
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import os
 import pickle
 import warnings
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -62,6 +59,7 @@ from torch_geometric.data import Batch, Data
 from graphcl.features import LAYOUTS, featurize
 from graphcl.sources import BUNDLED, Plan, plan_source
 from graphcl.splits import Split, random_split, scaffold_split, stratified_split
+from shared import runs
 from shared.checkpoint import atomic_write
 
 __all__ = [
@@ -166,24 +164,16 @@ def collate_graphs(graphs: list[Data]) -> Batch:
 
 def write_skipped(data: MoleculeData, path: str | Path) -> None:
     """Write ``skipped.csv`` (columns ``where, text, reason``) atomically."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(("where", "text", "reason"))
-    writer.writerows(data.skipped)
-    with atomic_write(path) as handle:
-        handle.write(buffer.getvalue().encode("utf-8"))
+    runs.write_skipped(path, data.skipped, header=("where", "text", "reason"))
 
 
 def skipped_summary(data: MoleculeData) -> str:
     """One line: how many records were skipped and why, e.g. ``"skipped 3 of 645 molecules
-    (invalid SMILES: 2, missing SMILES: 1); see skipped.csv"``."""
+    (invalid SMILES: 2, missing SMILES: 1); the list is in skipped.csv"``."""
     noun = "graphs" if data.layout == "tu" else "molecules"
     total = len(data.graphs) + len(data.skipped)
-    if not data.skipped:
-        return f"skipped 0 of {total} {noun}"
-    counts = Counter(reason.split(":", 1)[0] for _, _, reason in data.skipped)
-    why = ", ".join(f"{reason}: {count}" for reason, count in counts.most_common())
-    return f"skipped {len(data.skipped)} of {total} {noun} ({why}); see skipped.csv"
+    reasons = [reason for _, _, reason in data.skipped]
+    return runs.skipped_line(reasons, total=total, noun=noun, listing="skipped.csv")
 
 
 # --------------------------------------------------------------------------- sources

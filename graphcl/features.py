@@ -4,7 +4,7 @@ Every feature is an integer index into an embedding table. For a feature whose v
 ``k`` values, the table has ``k + 2`` rows: rows ``0..k-1`` are the listed values in their
 reference order, row ``k`` is the **other** bucket (any value outside the list, so an unusual
 molecule never crashes the featuriser) and row ``k + 1`` is the **mask** index that attribute
-masking writes (DESIGN.md, decision 9). :class:`FeatureLayout` records the row counts and mask
+masking writes (one per categorical feature). :class:`FeatureLayout` records the row counts and mask
 indices; :data:`LAYOUTS` holds the two layouts:
 
 - ``"pyg"`` (default): the 9 atom + 3 bond features of PyG's

@@ -38,11 +38,11 @@ from graphcl.data import (
 )
 from graphcl.export import encoder_from_config, load_pretrained
 from graphcl.report import open_run
-from graphcl.tasks import FinetuneModel, Task, infer_task, task_loss, task_metrics
+from graphcl.tasks import FinetuneModel, Task, choose_task, infer_task, task_loss, task_metrics
 from shared.checkpoint import load_checkpoint
 from shared.config import parse_config, save_config
 from shared.runs import RunDir, write_report, write_summary
-from shared.runtime import make_loader, seed_everything, select_device
+from shared.runtime import make_loader, runs_on_this_rank, seed_everything, select_device
 from shared.train import LoopConfig, fit
 
 __all__ = ["QUICK", "Config", "main"]
@@ -52,32 +52,62 @@ __all__ = ["QUICK", "Config", "main"]
 class Config:
     """Fine-tune a GNN encoder on a molecular property task."""
 
-    data: str = (
-        "freesolv"  # freesolv, solubility, solubility-class, a .csv/.sdf file, moleculenet:NAME
-    )
+    # group: data
+    data: str = "freesolv"
+    """freesolv, solubility, solubility-class (offline), a .csv/.sdf file or moleculenet:NAME
+    (with --data-root)"""
     smiles_column: str = "smiles"
-    target: str = ""  # CSV/SDF target column(s), comma-separated
+    """the CSV column that holds the SMILES (matched case-insensitively when unique)"""
+    target: str = ""
+    """the target column(s) of a CSV/SDF file, comma-separated; empty: the source's own"""
     task: Literal["auto", "regression", "classification"] = "auto"
+    """auto: the source's task, else 0/1 labels are classification and any other number (counts
+    too) regression; or force regression / classification"""
     data_root: Path | None = None
-    encoder: Path | None = None  # a pretrain run's encoder.safetensors; none: scratch only
-    layout: Literal["pyg", "pretrain-gnns"] = "pyg"  # used without --encoder
+    """the folder of PyG's MoleculeNet / TUDataset for moleculenet:NAME and tu:NAME"""
+    # group: model
+    encoder: Path | None = None
+    """a pretrain run's encoder.safetensors to fine-tune; none: train from scratch only"""
+    layout: Literal["pyg", "pretrain-gnns"] = "pyg"
+    """without --encoder: atom/bond features: pyg (PyG's from_smiles) or pretrain-gnns (Hu et
+    al.'s 2+2 layout, for their data and weights)"""
     num_layers: int = 5
+    """without --encoder: GNN message-passing layers, >= 1 (Hu et al. / GraphCL transfer: 5)"""
     hidden: int = 300
+    """without --encoder: node embedding width of every layer, >= 1 (Hu et al.: 300)"""
     jk: Literal["last", "concat", "max", "sum"] = "last"
+    """without --encoder: jumping knowledge, how the layers' node embeddings combine: last,
+    concat, max or sum"""
     pooling: Literal["mean", "sum", "attention"] = "mean"
+    """without --encoder: graph readout over nodes: mean (Hu et al.), sum or attention"""
+    # group: method
     compare_scratch: bool = False
+    """also train the same network from random initialisation, same splits and seeds"""
+    # group: data
     split: Literal["scaffold", "random", "stratified"] = "scaffold"
+    """scaffold (Bemis–Murcko, 80/10/10; Hu et al.), random, or stratified by the first target's
+    class"""
+    # group: run
     seeds: tuple[int, ...] = (0, 1, 2)
-    label_fraction: float = 1.0
-    epochs: int = 100  # Hu et al. 2019
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    dropout: float = 0.5
-    flips: tuple[int, ...] = (1, 2, 3)  # edge flips per graph for the robustness table
+    """one sub-run per seed (split, label subset and initialisation); results are mean ± std"""
+    # group: data
+    label_fraction: float = 1.0  # keep this seeded fraction of the training labels, in (0, 1]
+    # group: optimisation
+    epochs: int = 100  # passes over the training split, >= 1 (Hu et al.: 100)
+    batch_size: int = 32  # molecules per step, >= 1 (Hu et al.: 32)
+    lr: float = 1e-3  # Adam learning rate, > 0 (Hu et al.: 1e-3)
+    weight_decay: float = 0.0  # Adam's L2 weight decay, >= 0
+    dropout: float = 0.5  # dropout probability before the linear head, in [0, 1) (Hu et al.: 0.5)
+    # group: method
+    flips: tuple[int, ...] = (1, 2, 3)
+    """classification: edge flips per graph for the robustness table (random and GradArgmax),
+    each >= 1"""
+    # group: run
     amp: Literal["auto", "bf16", "off"] = "auto"
+    """mixed precision: auto = bf16 autocast on CUDA, fp32 on CPU; bf16; off = fp32"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    out: Path | None = None
+    """auto: CUDA when available, else CPU; or force cpu / cuda"""
+    out: Path | None = None  # run folder; none: runs/graphcl/finetune-<time>
     resume: bool = False  # continue an interrupted run in --out (finished sub-runs are kept)
 
     def __post_init__(self) -> None:
@@ -153,7 +183,7 @@ def train_one(
     train, valid, test = _split(cfg, data, seed)
     graphs = data.graphs
     assert data.targets is not None
-    task = infer_task(data.targets, train, None if cfg.task == "auto" else cfg.task)
+    task = infer_task(data.targets, train, data.task)  # resolved once in main (choose_task)
     seed_everything(seed)
     model = FinetuneModel(_make_encoder(cfg, pretrained), task.outputs, cfg.dropout).to(device)
     train_graphs = [graphs[i] for i in train]
@@ -261,6 +291,8 @@ def results_table(results: dict[str, list[dict[str, Any]]]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``graphcl finetune [--encoder FILE] --data freesolv [--compare-scratch]``."""
     cfg = parse_config(Config, argv, prog="graphcl finetune", presets={"quick": QUICK})
+    if not runs_on_this_rank("graphcl finetune"):  # one process: under torchrun, rank 0 alone
+        return {}
     device = select_device(cfg.device)
     layout = cfg.layout
     if cfg.encoder is not None:
@@ -268,10 +300,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     targets = tuple(t.strip() for t in cfg.target.split(",") if t.strip())
     data = load_molecules(
         cfg.data, smiles_column=cfg.smiles_column, targets=targets, layout=layout,
-        root=cfg.data_root,
+        root=cfg.data_root, task=None if cfg.task == "auto" else cfg.task,
     )  # fmt: skip
     if data.targets is None:
         raise ValueError(f"data {cfg.data!r} has no targets; name them with --target")
+    kind, why = choose_task(data.targets, cfg.task, data.task)
+    print(f"graphcl finetune: task {kind} for {', '.join(data.target_names)}: {why}")
+    data = data._replace(task=kind)
     if cfg.resume:  # the sub-runs hold the checkpoints: the folder itself must exist
         if cfg.out is None or not (cfg.out / "config.json").is_file():
             raise ValueError("--resume needs --out, the folder of the finetune run to continue")

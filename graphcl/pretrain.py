@@ -69,39 +69,72 @@ AUGMENT_CHOICES = (
 class Config:
     """Pre-train a GNN encoder with GraphCL on molecules."""
 
-    data: str = "bundled"  # bundled, freesolv, solubility, a .csv/.sdf/.smi file, moleculenet:NAME
+    # group: data
+    data: str = "bundled"
+    """bundled (about 9K offline molecules), freesolv, solubility, a .csv/.sdf/.smi file,
+    moleculenet:NAME or tu:NAME (with --data-root)"""
     smiles_column: str = "smiles"
+    """the CSV column that holds the SMILES (matched case-insensitively when unique)"""
     data_root: Path | None = None
+    """the folder of PyG's MoleculeNet / TUDataset for moleculenet:NAME and tu:NAME"""
     layout: Literal["pyg", "pretrain-gnns"] = "pyg"
-    max_molecules: int | None = None  # the first N molecules only (quick runs)
+    """atom/bond features: pyg (PyG's from_smiles) or pretrain-gnns (Hu et al.'s 2+2 layout, for
+    their data and weights)"""
+    max_molecules: int | None = None
+    """read only the first N molecules, >= 1 (quick runs); none: all"""
+    # group: model
     encoder: Literal["gin", "tu_gin"] = "gin"
-    num_layers: int = 5  # Hu et al. / GraphCL transfer: 5 layers of 300
-    hidden: int = 300
+    """gin (Hu et al.'s molecular GIN with bond features) or tu_gin (GraphCL's TU GIN: sum
+    pooling of every layer)"""
+    num_layers: int = 5  # GNN message-passing layers, >= 1 (Hu et al. / GraphCL transfer: 5)
+    hidden: int = 300  # node embedding width of every layer, >= 1 (Hu et al.: 300)
     jk: Literal["last", "concat", "max", "sum"] = "last"
+    """jumping knowledge, how the layers' node embeddings combine: last, concat, max or sum"""
     pooling: Literal["mean", "sum", "attention"] = "mean"
+    """graph readout over nodes: mean (Hu et al.), sum or attention"""
     dropout: float = 0.0
-    augment1: str = "random"  # random = node dropping or subgraph, 50/50 per graph (chem code)
-    augment2: str = "random"
-    aug_ratio: float = 0.2  # the fraction of each graph removed or changed (subgraph keeps 80 %)
-    adaptive: bool = False  # JOAO: sample the augmentation pair from a learned distribution
-    joao_gamma: float = 0.1  # JOAO's γ (its chem default)
+    """dropout probability on node embeddings in [0, 1) (Hu et al.: 0 for pre-training)"""
+    # group: method
+    augment1: str = "random"
+    """first view's augmentation: drop_nodes, perturb_edges, mask_attributes, subgraph, identity,
+    or random (drop_nodes or subgraph, 50/50 per graph)"""
+    augment2: str = "random"  # second view's augmentation (the same choices as --augment1)
+    aug_ratio: float = 0.2
+    """share of each graph's nodes/edges/attributes that an augmentation removes or changes, in
+    [0, 1) (subgraph keeps 1 − ratio); GraphCL: 0.2"""
+    adaptive: bool = False
+    """JOAO: draw each step's augmentation pair from a distribution that moves toward the hardest
+    pairs once per epoch"""
+    joao_gamma: float = 0.1
+    """JOAO: γ of the pull toward the uniform pair distribution, > 0 (JOAO's chem default 0.1)"""
     loss: Literal["graphcl", "nt_xent"] = "graphcl"
-    temperature: float = 0.1  # GraphCL transfer (chem) setting
-    head_dim: int = 128
-    queue_size: int = 0
-    batch_size: int = 256  # GraphCL chem: 256
-    epochs: int = 20
-    max_steps: int | None = None
-    lr: float = 1e-3  # Adam, GraphCL
-    weight_decay: float = 0.0
+    """graphcl (the paper's: one direction, positive not in the denominator) or nt_xent
+    (symmetric)"""
+    temperature: float = 0.1  # τ of the contrastive loss, > 0 (GraphCL transfer: 0.1)
+    # group: model
+    head_dim: int = 128  # width of the projection head's output z, >= 1
+    # group: method
+    queue_size: int = 0  # nt_xent only: the last K keys as extra negatives; 0 = none
+    # group: optimisation
+    batch_size: int = 256  # molecules per step in each process, >= 1 (GraphCL chem: 256)
+    epochs: int = 20  # passes over the molecules, >= 1 (--max-steps stops earlier)
+    max_steps: int | None = None  # stop after this many optimizer steps; none: --epochs decides
+    lr: float = 1e-3  # Adam learning rate, > 0 (GraphCL: 1e-3)
+    weight_decay: float = 0.0  # Adam's L2 weight decay, >= 0
+    # group: run
     amp: Literal["auto", "bf16", "off"] = "auto"
-    seed: int = 0
+    """mixed precision: auto = bf16 autocast on CUDA, fp32 on CPU; bf16; off = fp32"""
+    seed: int = 0  # random seed of initialisation, data order and augmentations; any integer >= 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_workers: int = 0
-    log_every: int = 10
+    """auto: CUDA when available, else CPU; or force cpu / cuda"""
+    num_workers: int = 0  # DataLoader worker processes; 0 = in the main process
+    log_every: int = 10  # write a metrics.csv row every N steps, >= 1
     checkpoint_every: int | None = None
+    """save checkpoints/last.pt every N steps; none: at the end only"""
     out: Path | None = None
-    resume: bool = False
+    """run folder; none: runs/graphcl/pretrain-<time>; a non-empty folder is refused without
+    --resume"""
+    resume: bool = False  # continue the run in --out from checkpoints/last.pt (same config)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden", "head_dim", "batch_size", "epochs"):
@@ -223,7 +256,9 @@ def train_step(
         loss = graphcl_loss(z1, z2, temperature=cfg.temperature, gather=gather)
     if sampler is not None:
         sampler.record(i, j, loss.detach())
-    return {"loss": loss, "nodes_per_view": v1.x.new_tensor(v1.num_nodes / G, dtype=torch.float)}
+    # a fill, not a copy of a host number: no host→device transfer in the step
+    nodes_per_view = v1.x.new_full((), v1.num_nodes / G, dtype=torch.float)
+    return {"loss": loss, "nodes_per_view": nodes_per_view}
 
 
 class Built(NamedTuple):

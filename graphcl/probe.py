@@ -24,10 +24,11 @@ from sklearn.svm import SVC
 from graphcl.data import load_molecules, random_split, scaffold_split
 from graphcl.export import encoder_from_config, load_pretrained
 from graphcl.report import embed, open_run
+from graphcl.tasks import choose_task
 from shared.config import parse_config, save_config
 from shared.probes import linear_probe
 from shared.runs import write_report, write_summary
-from shared.runtime import seed_everything, select_device
+from shared.runtime import runs_on_this_rank, seed_everything, select_device
 
 __all__ = ["Config", "main", "probe_features"]
 
@@ -36,16 +37,28 @@ __all__ = ["Config", "main", "probe_features"]
 class Config:
     """Probe the frozen embeddings of a pre-trained GNN encoder."""
 
-    encoder: Path
+    # group: model
+    encoder: Path  # a pretrain run's encoder.safetensors (required)
+    # group: data
     data: str = "solubility"
+    """freesolv, solubility, solubility-class (offline), a .csv/.sdf file or moleculenet:NAME
+    (with --data-root)"""
     smiles_column: str = "smiles"
+    """the CSV column that holds the SMILES (matched case-insensitively when unique)"""
     target: str = ""
+    """the target column(s) of a CSV/SDF file, comma-separated; empty: the source's own"""
     task: Literal["auto", "regression", "classification"] = "auto"
+    """auto: the source's task, else 0/1 labels are classification and any other number
+    regression; or force regression / classification"""
     data_root: Path | None = None
+    """the folder of PyG's MoleculeNet / TUDataset for moleculenet:NAME and tu:NAME"""
     split: Literal["scaffold", "random"] = "scaffold"
-    seed: int = 0
+    """scaffold (Bemis–Murcko, 80/10/10) or random train/test split"""
+    # group: run
+    seed: int = 0  # random seed of the split and the probes; any integer >= 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    out: Path | None = None
+    """auto: CUDA when available, else CPU; or force cpu / cuda"""
+    out: Path | None = None  # run folder; none: runs/graphcl/probe-<time>
 
 
 def probe_features(
@@ -79,23 +92,25 @@ def probe_features(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``graphcl probe --encoder RUN/encoder.safetensors --data solubility``."""
     cfg = parse_config(Config, argv, prog="graphcl probe")
+    if not runs_on_this_rank("graphcl probe"):  # one process: under torchrun, rank 0 alone
+        return {}
     device = select_device(cfg.device)
     encoder, config = load_pretrained(cfg.encoder)
     targets = tuple(t.strip() for t in cfg.target.split(",") if t.strip())
     data = load_molecules(
         cfg.data, smiles_column=cfg.smiles_column, targets=targets, layout=config["layout"],
-        root=cfg.data_root,
+        root=cfg.data_root, task=None if cfg.task == "auto" else cfg.task,
     )  # fmt: skip
     if data.targets is None:
         raise ValueError(f"data {cfg.data!r} has no targets; name them with --target")
+    kind, why = choose_task(data.targets, cfg.task, data.task)
+    print(f"graphcl probe: task {kind} for {', '.join(data.target_names)}: {why}")
     split = (
         scaffold_split(data.smiles)
         if cfg.split == "scaffold"
         else random_split(len(data.graphs), seed=cfg.seed)
     )
-    classification = cfg.task == "classification" or (
-        cfg.task == "auto" and (data.task == "classification")
-    )
+    classification = kind == "classification"
     run = open_run(cfg.out, "probe")
     save_config(cfg, run.path)
     seed_everything(cfg.seed)

@@ -1,11 +1,13 @@
 """Molecular property tasks: the head, the masked loss and the metrics of fine-tuning and probing.
 
-Three kinds, decided from the targets: ``regression`` (targets standardised with the training
-split's mean and std; RMSE and MAE on the original scale), ``binary`` (one or several 0/1 tasks,
-missing labels masked as MoleculeNet does; ROC-AUC averaged over the tasks that have both
-classes in the evaluated split, and accuracy) and ``multiclass`` (one target with more than two
-classes, e.g. solubility's ``SOL_classification``; cross-entropy, one-vs-rest macro ROC-AUC and
-accuracy).
+Regression or classification is chosen by :func:`choose_task` (the ``--task`` of ``graphcl
+finetune`` and ``probe``; with ``auto``, the data source's task, else only 0/1 labels are
+classification, so an integer count stays a regression). Three kinds of head follow:
+``regression`` (targets standardised with the training split's mean and std; RMSE and MAE on
+the original scale), ``binary`` (one or several 0/1 tasks, missing labels masked as MoleculeNet
+does; ROC-AUC averaged over the tasks that have both classes in the evaluated split, and
+accuracy) and ``multiclass`` (one target with more than two classes, e.g. solubility's
+``SOL_classification``; cross-entropy, one-vs-rest macro ROC-AUC and accuracy).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sklearn.metrics import roc_auc_score
 from torch import Tensor, nn
 from torch_geometric.data import Batch
 
-__all__ = ["FinetuneModel", "Task", "infer_task", "task_loss", "task_metrics"]
+__all__ = ["FinetuneModel", "Task", "choose_task", "infer_task", "task_loss", "task_metrics"]
 
 Kind = Literal["regression", "binary", "multiclass"]
 
@@ -38,16 +40,58 @@ class Task(NamedTuple):
         return ("rmse", "min") if self.kind == "regression" else ("roc_auc", "max")
 
 
+def _is_binary(values: Tensor) -> bool:
+    """Every known value is 0 or 1 (and there is at least one)."""
+    return bool(values.numel()) and bool(((values == 0) | (values == 1)).all())
+
+
+def choose_task(
+    targets: Tensor, requested: str = "auto", documented: str | None = None
+) -> tuple[Literal["regression", "classification"], str]:
+    """Regression or classification for ``targets`` (N, T), and the reason, for the console.
+
+    ``requested`` ("regression" or "classification", e.g. from ``--task``) wins. With "auto",
+    ``documented`` (the data source's task: FreeSolv is regression, ``solubility-class`` and
+    class-name columns are classification) is taken; without it only 0/1 labels (binary, one or
+    several tasks, NaN for a missing label) are classification. Any other integral target, such as
+    a count 0..6 or scores {0, 3, 9}, is regression: calling it classes would invent classes that
+    are not there.
+
+    Shape:
+        targets: ``(N, T)`` with NaN for a missing label.
+    """
+    if requested not in ("auto", "regression", "classification"):
+        raise ValueError(f"task must be auto, regression or classification, got {requested!r}")
+    if requested != "auto":
+        return requested, f"requested with --task {requested}"  # type: ignore[return-value]
+    values = targets[~torch.isnan(targets)]
+    binary = _is_binary(values)
+    integral = bool(values.numel()) and bool((values == values.round()).all())
+    if documented == "classification" or (documented is None and binary):
+        why = "every label is 0 or 1" if binary else "the data source's labels are classes"
+        return "classification", f"{why}; --task regression overrides"
+    if documented not in (None, "regression"):
+        raise ValueError(f"unknown documented task {documented!r}")
+    if integral:
+        why = "integral targets other than 0/1 (counts, scores) are treated as numbers"
+        return "regression", f"{why}; --task classification reads them as class ids"
+    return "regression", "the targets are real numbers; --task classification overrides"
+
+
 def infer_task(targets: Tensor, train: Tensor, hint: str | None = None) -> Task:
     """The task of ``targets`` (N, T), standardised on the rows ``train``.
 
-    ``hint`` ("regression" or "classification") overrides the guess: integral values with at
-    most 10 distinct classes are classification.
+    ``hint`` ("regression" or "classification") decides; without it only 0/1 labels are
+    classification (see :func:`choose_task`). Classification with one target whose class ids go
+    beyond 1 is ``multiclass`` (C = max id + 1); otherwise it is ``binary`` per target.
+
+    Shape:
+        targets: ``(N, T)`` with NaN for a missing label; train: ``(N_train,)`` row indices.
     """
+    if hint not in (None, "regression", "classification"):
+        raise ValueError(f"task hint must be regression, classification or None, got {hint!r}")
     values = targets[~torch.isnan(targets)]
-    integral = bool(values.numel()) and bool((values == values.round()).all())
-    classes = int(values.max()) + 1 if integral and values.numel() else 0
-    classification = hint == "classification" or (hint is None and integral and classes <= 10)
+    classification = hint == "classification" or (hint is None and _is_binary(values))
     T = targets.shape[1]
     zeros, ones = torch.zeros(T), torch.ones(T)
     if not classification:
@@ -55,10 +99,16 @@ def infer_task(targets: Tensor, train: Tensor, hint: str | None = None) -> Task:
         mean = torch.nanmean(part, dim=0)
         std = torch.sqrt(torch.nanmean((part - mean) ** 2, dim=0)).clamp(min=1e-6)
         return Task("regression", T, mean, std)
-    if values.numel() and float(values.min()) < 0:
-        raise ValueError("classification targets must be class indices >= 0")
+    if values.numel() and not bool(((values >= 0) & (values == values.round())).all()):
+        raise ValueError("classification targets must be class ids 0, 1, 2, ...")
+    classes = int(values.max()) + 1 if values.numel() else 0
     if T == 1 and classes > 2:
         return Task("multiclass", classes, zeros[:1], ones[:1])
+    if classes > 2:  # a per-target BCE needs 0/1 labels
+        raise ValueError(
+            f"{T} classification targets need 0/1 labels, got class ids up to "
+            f"{classes - 1}; fine-tune one multi-class target at a time"
+        )
     return Task("binary", T, zeros, ones)
 
 

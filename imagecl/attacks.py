@@ -16,7 +16,7 @@ Units. ε is in [0, 1] pixel units, applied before normalisation. A normalised i
 ``(pixel - mean) / std``, so a step of ε_norm in normalised units is ``ε_pixel = ε_norm · std``
 in pixel units (per channel). CLAE's ε = 0.03 is in normalised units: its CIFAR SimCLR code
 normalises with mean = std = 0.5 (inputs in [-1, 1]), so ε = 0.03 · 0.5 = 0.015 ≈ 3.8/255
-pixel units (REFERENCES.md); under the ImageNet std (≈ 0.226, their tiny-ImageNet runs) or the
+pixel units; under the ImageNet std (≈ 0.226, their tiny-ImageNet runs) or the
 CIFAR std (≈ 0.25) the same 0.03 would be ≈ 0.007 ≈ 1.8/255. CLAE also takes no projection to
 the valid pixel range; ours always clamps to ``clamp``.
 """
@@ -48,8 +48,8 @@ def fgsm_contrastive(
     """One fast-gradient-sign step: ``clamp(x + ε · sign(∇_x loss_fn(x)))`` (Goodfellow et al.).
 
     CLAE's adversarial view is this step from the first view ``x1`` with the contrastive loss
-    ``L_CL(f(x1), f(x_adv))`` (REFERENCES.md: ε ≈ 0.015 pixel units; see the module docstring
-    for the conversion). ``eps = 0`` returns a copy of ``x`` without calling ``loss_fn``.
+    ``L_CL(f(x1), f(x_adv))`` (Ho & Vasconcelos 2020: ε ≈ 0.015 pixel units; see the module
+    docstring for the conversion). ``eps = 0`` returns a copy of ``x`` without calling ``loss_fn``.
 
     Shape:
         x: ``(N, C, H, W)`` floating, in [0, 1] pixel units (any shape works; not modified)

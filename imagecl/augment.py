@@ -8,9 +8,9 @@ p = 0.5, kernel 10% of the image side, σ ~ U(0.1, 2.0). The CIFAR recipe (SupCo
 
 :class:`SimCLRViews` is the training path: one call turns a uint8 batch ``(N, C, H, W)`` into
 ``V`` views per image, every view with its own random parameters, on whatever device the batch
-lives; the ``N·V`` views go through every op as one batch. kornia.augmentation draws all the
-parameters and runs flip, grayscale and blur; the crop and the colour jitter are our own batched
-tensor ops (:func:`color_jitter`, from :mod:`imagecl.colour` and importable from here, is
+lives; the ``N·V`` views go through every op as one batch, in fp32 whatever autocast the caller
+runs, with every random parameter drawn on that device (torchvision's samplers, batched). The
+photometric ops live in :mod:`imagecl.colour` (:func:`color_jitter`, importable from here, is
 torchvision's jitter, checked against it image by image). :func:`torchvision_views` is the same
 recipe per image with ``torchvision.transforms.v2``, for DataLoader workers; :func:`to_float` is
 the evaluation path (no augmentation).
@@ -28,7 +28,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import kornia.augmentation as K
 import torch
 import torchvision.transforms.v2 as T
 from PIL import Image
@@ -36,7 +35,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from imagecl.colour import GRAY_WEIGHTS as GRAY_WEIGHTS  # re-exported (kept importable from here)
-from imagecl.colour import color_jitter
+from imagecl.colour import ColorJitterParams, RandomGaussianBlur, RandomGrayscale
+from imagecl.colour import color_jitter as color_jitter  # re-exported (kept importable from here)
 
 BLUR_SIGMA = (0.1, 2.0)  # SimCLR Appendix A: σ ~ U(0.1, 2.0)
 MAX_JITTER_STRENGTH = 2.5  # hue magnitude 0.2s must stay ≤ 0.5 (half a turn)
@@ -163,6 +163,72 @@ def to_float(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Ten
     return _normalise(images.float().div_(255), mean_t, std_t)
 
 
+ATTEMPTS = 10  # torchvision's RandomResizedCrop: 10 tries, then a central crop
+
+
+@dataclass(frozen=True)
+class ResizedCropBoxes:
+    """Random resized crop boxes: torchvision's sampler, batched on the device.
+
+    Per row, up to 10 tries of an area fraction ``U(scale)`` and a log-uniform aspect ratio in
+    ``ratio``, the sides rounded to pixels; the first box that fits the image wins, else the
+    central crop of the largest box with an allowed ratio (torchvision's ``get_params``). The
+    top-left corner is uniform over the positions that keep the box inside.
+    """
+
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
+
+    def __call__(self, batch: int, height: int, width: int, device: torch.device) -> Tensor:
+        """Boxes in pixels: left, top, width, height.
+
+        Shape:
+            returns: float ``(B, 4)`` on ``device``
+        """
+        low, high = math.log(self.ratio[0]), math.log(self.ratio[1])
+        u = torch.rand(batch, ATTEMPTS, 4, device=device)  # (B, T, 4): area, ratio, top, left
+        area = (self.scale[0] + (self.scale[1] - self.scale[0]) * u[..., 0]) * (height * width)
+        aspect = (low + (high - low) * u[..., 1]).exp_()  # (B, T)
+        w = (area * aspect).sqrt_().round_()  # (B, T)
+        h = (area / aspect).sqrt_().round_()
+        fits = (w >= 1) & (w <= width) & (h >= 1) & (h <= height)  # (B, T)
+        first = fits.to(torch.uint8).argmax(1, keepdim=True)  # (B, 1): the first box that fits
+        missed = ~fits.any(1)  # (B,): none fits, the central crop
+        fallback_w, fallback_h = _central_crop(height, width, self.ratio)
+        w = w.gather(1, first)[:, 0].masked_fill_(missed, fallback_w)  # (B,)
+        h = h.gather(1, first)[:, 0].masked_fill_(missed, fallback_h)
+        corner = u[..., 2:].gather(1, first[:, :, None].expand(-1, -1, 2))[:, 0]  # (B, 2)
+        top = (corner[:, 0] * (height + 1 - h)).floor_()  # (B,)
+        left = (corner[:, 1] * (width + 1 - w)).floor_()
+        top = top.masked_fill_(missed, (height - fallback_h) // 2)
+        left = left.masked_fill_(missed, (width - fallback_w) // 2)
+        return torch.stack([left, top, w, h], dim=1)  # (B, 4)
+
+
+def _central_crop(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, int]:
+    """torchvision's fallback box (width, height): the whole image, its ratio clamped."""
+    if width / height < ratio[0]:
+        return width, round(width / ratio[0])
+    if width / height > ratio[1]:
+        return round(height * ratio[1]), height
+    return width, height
+
+
+@dataclass(frozen=True)
+class HorizontalFlip:
+    """Mirror each row with probability ``p``.
+
+    Shape:
+        ``(B, C, H, W) -> (B, C, H, W)``
+    """
+
+    p: float
+
+    def __call__(self, x: Tensor) -> Tensor:
+        on = torch.rand(x.shape[0], device=x.device) < self.p  # (B,)
+        return torch.where(on[:, None, None, None], x.flip(-1), x)
+
+
 class SimCLRViews(nn.Module):
     """``V`` SimCLR views of every image of a uint8 batch, with per-view random parameters.
 
@@ -172,24 +238,33 @@ class SimCLRViews(nn.Module):
     crop, flip, jitter factors, grayscale and blur draws. See the module docstring for the
     channel rules (``C = 1``: no colour ops; ``C > 3``: extra channels geometric only).
 
-    kornia.augmentation draws every parameter (torchvision's samplers) and runs flip, grayscale
-    and blur. Two steps are our own batched tensor ops on kornia's parameters: the crop
-    (:meth:`_resized_crop`: kornia's bicubic warp pads with zeros and darkens crops at the
-    border) and the colour jitter (:func:`color_jitter`: kornia's HSV round trip was 60% of the
-    time of a CIFAR batch).
+    On the device, in fp32: every parameter is drawn on the images' device and every op runs
+    there, in float32 with autocast disabled (under a bf16 autocast the crop's ``affine_grid``
+    and the blur would run in bf16, and the views would depend on the loop's precision). Move
+    the module once with ``.to(device)``: ``mean``/``std`` are buffers, the only tensors it
+    keeps, so a call then copies nothing from the host and reads nothing back (a module left on
+    another device still works, copying its two buffers on every call). The one host-side draw
+    is the order of the four jitter adjustments, a permutation of 4 on the CPU stream (it decides
+    which kernels run).
 
-    Randomness: without ``generator`` the parameters come from torch's global RNG (kornia draws
-    there), so ``shared.runtime.seed_everything(seed, rank=r)`` gives every rank its own views.
-    With a ``generator``, one seed is drawn from it and the pipeline runs inside
-    ``torch.random.fork_rng`` with the CPU generator (and the input's CUDA device) seeded from it:
-    the output is a function of the generator's state and the global streams are left untouched.
-    The parameters are drawn on the CPU whatever the device (also after ``.to(device)``), so a
-    seed gives the same views on every device, up to float rounding.
+    The samplers are ours, not kornia.augmentation's: kornia builds its ranges as host tensors
+    on every call (``torch.tensor(0.0, device=...)``), gates rows with boolean indexing and its
+    blur reads σ on the host, all of which stall a GPU. They follow torchvision's recipes:
+    :class:`ResizedCropBoxes` (its RandomResizedCrop sampler), :class:`ColorJitterParams`,
+    :class:`HorizontalFlip`, :class:`RandomGrayscale`, :class:`RandomGaussianBlur`. The crop
+    (:meth:`_resized_crop`) and the colour jitter (:func:`color_jitter`) are batched tensor ops.
+
+    Randomness: without ``generator`` the parameters come from torch's global streams (the
+    images' device, and the CPU for the jitter order), so ``shared.runtime.seed_everything(seed,
+    rank=r)`` gives every rank its own views. With a ``generator`` (on any device), one seed is
+    drawn from it and the pipeline runs inside ``torch.random.fork_rng`` with the CPU stream and
+    the images' device stream seeded from it: the output is a function of the generator's state
+    and the global streams are left untouched. A seed gives the same views on every device of a
+    kind; CUDA's and the CPU's random streams differ.
 
     Differences from torchvision's per-image recipe: the order of the four jitter adjustments is
-    drawn once per call (as kornia does) rather than per image, the factors are per view; the
-    crop is resampled without antialiasing (it matters only when a crop is much larger than
-    ``size``); kornia's grayscale weighs RGB as 0.299/0.587/0.114 (torchvision 0.2989).
+    drawn once per call rather than per image, the factors are per view; the crop is resampled
+    without antialiasing (it matters only when a crop is much larger than ``size``).
 
     ``forward`` always augments (also in ``eval()`` mode); use :func:`to_float` for evaluation.
     """
@@ -214,31 +289,19 @@ class SimCLRViews(nn.Module):
         mean_t, std_t = _channel_stats(mean, "mean"), _channel_stats(std, "std")
         if mean_t.numel() != std_t.numel():
             raise ValueError(f"mean and std differ in length: {list(mean)} vs {list(std)}")
-        self.register_buffer("mean", mean_t, persistent=False)
-        self.register_buffer("std", std_t, persistent=False)
+        self.register_buffer("mean", mean_t, persistent=False)  # (C,)
+        self.register_buffer("std", std_t, persistent=False)  # (C,)
         cfg, s = self.config, self.config.jitter_strength
         # an op whose probability is 0 is not built: it neither runs nor draws
-        self.crop = K.RandomResizedCrop((size, size), cfg.crop_scale, cfg.crop_ratio)  # boxes only
-        self.flip = K.RandomHorizontalFlip(p=cfg.flip_p) if cfg.flip_p > 0 else None
+        self.crop = ResizedCropBoxes(cfg.crop_scale, cfg.crop_ratio)
+        self.flip = HorizontalFlip(cfg.flip_p) if cfg.flip_p > 0 else None
         colour = cfg.color and cfg.jitter_p > 0 and s > 0
-        self.jitter = (  # parameters only: color_jitter applies them
-            K.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s, p=cfg.jitter_p) if colour else None
+        self.jitter = (
+            ColorJitterParams(0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s, cfg.jitter_p) if colour else None
         )
-        self.gray = K.RandomGrayscale(p=cfg.gray_p) if cfg.color and cfg.gray_p > 0 else None
+        self.gray = RandomGrayscale(cfg.gray_p) if cfg.color and cfg.gray_p > 0 else None
         k = blur_kernel_size(size)
-        self.blur = K.RandomGaussianBlur((k, k), BLUR_SIGMA, p=cfg.blur_p) if cfg.blur_p else None
-
-    def _ops(self) -> list[K.AugmentationBase2D]:
-        ops = (self.crop, self.flip, self.jitter, self.gray, self.blur)
-        return [op for op in ops if op is not None]
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> SimCLRViews:
-        # kornia moves its samplers with .to(device); keep them on the CPU so that a seed gives
-        # the same parameters (hence the same views, up to float rounding) on every device
-        out: SimCLRViews = super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
-        for op in self._ops():
-            op.set_rng_device_and_dtype(torch.device("cpu"), torch.float32)
-        return out
+        self.blur = RandomGaussianBlur(k, BLUR_SIGMA, cfg.blur_p) if cfg.blur_p > 0 else None
 
     def forward(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Views of every image: view ``j`` of image ``i`` is ``out[i, j]``.
@@ -248,21 +311,22 @@ class SimCLRViews(nn.Module):
             returns: float32 ``(N, V, C, size, size)`` on the same device, normalised
         """
         _check_images(images, self.mean.numel())
-        if generator is None:
-            return self._views(images)
-        seed = int(torch.randint(2**62, (), generator=generator, device=generator.device))
-        cuda = images.device.type == "cuda"
-        with torch.random.fork_rng(devices=[images.device] if cuda else []):
-            # not torch.manual_seed: it would also reseed CUDA devices that fork_rng doesn't restore
-            torch.default_generator.manual_seed(seed)
-            if cuda:
-                torch.cuda.default_generators[images.device.index].manual_seed(seed)
-            return self._views(images)
+        with torch.autocast(images.device.type, enabled=False):  # fp32 whatever the loop's amp
+            if generator is None:
+                return self._views(images)
+            seed = int(torch.randint(2**62, (), generator=generator, device=generator.device))
+            cuda = images.device.type == "cuda"
+            with torch.random.fork_rng(devices=[images.device] if cuda else []):
+                # not torch.manual_seed: it would also reseed CUDA devices fork_rng doesn't restore
+                torch.default_generator.manual_seed(seed)
+                if cuda:
+                    torch.cuda.default_generators[images.device.index].manual_seed(seed)
+                return self._views(images)
 
     def _views(self, images: Tensor) -> Tensor:
-        n, c = images.shape[:2]
+        n, c, h, w = images.shape
         v, size = self.views, self.size
-        x = images.repeat_interleave(v, dim=0).float().div_(255)  # (N·V, C, H, W), row i·V + j
+        x = images.float().div_(255)[:, None].expand(n, v, c, h, w).reshape(n * v, c, h, w)
         x = self._resized_crop(x).clamp_(0.0, 1.0)  # (N·V, C, size, size); bicubic overshoots
         if self.flip is not None:
             x = self.flip(x)
@@ -276,28 +340,28 @@ class SimCLRViews(nn.Module):
             y = self.blur(y)
         if c > image_channels:  # extra channels: geometric ops only
             y = torch.cat([y, x[:, image_channels:]], dim=1)  # (N·V, C, size, size)
-        x = _normalise(y, self.mean, self.std)  # in place: x is our own buffer, never the input
+        x = _normalise(y, self.mean, self.std)  # in place: our own buffer, never the input
         return x.reshape(n, v, c, size, size)  # (N, V, C, size, size)
 
     @staticmethod
-    def _color_jitter(jitter: K.ColorJitter, x: Tensor) -> Tensor:
-        """kornia's ColorJitter parameters (per-view factors and gate, one order per call)
-        applied by :func:`color_jitter`; views the gate skips are returned unchanged."""
-        params = jitter.forward_parameters(x.shape)
-        names = ("brightness_factor", "contrast_factor", "saturation_factor", "hue_factor")
-        factors = torch.stack([params[name] for name in names], dim=1)  # (B, 4)
-        order = [int(i) for i in params["order"].tolist()]  # drawn on the CPU: no device sync
-        jittered = color_jitter(x, factors, order)
-        on = params["batch_prob"].to(x.device, torch.bool)[:, None, None, None]  # (B, 1, 1, 1)
-        return torch.where(on, jittered, x)
+    def _color_jitter(jitter: ColorJitterParams, x: Tensor) -> Tensor:
+        """``jitter``'s draws (per-view factors and gate) applied by :func:`color_jitter`, in an
+        order drawn once per call; views the gate skips are returned unchanged."""
+        factors, on = jitter(x.shape[0], x.device)  # (B, 4), (B,)
+        jittered = color_jitter(x, factors, SimCLRViews._jitter_order())
+        return torch.where(on[:, None, None, None], jittered, x)
+
+    @staticmethod
+    def _jitter_order() -> list[int]:
+        """The order of the four jitter steps, from the CPU stream: it decides which kernels
+        run, so it is drawn on the host, where reading it waits for no device."""
+        return torch.randperm(4).tolist()
 
     def _resized_crop(self, x: Tensor) -> Tensor:
         """Bicubic resize of one random box per row to ``size × size``, edges replicated.
 
-        Not kornia's own warp: its bicubic ``resample`` mode pads with zeros, which pulls the
-        pixels of a crop touching the image border towards 0 (up to 23% on a constant image);
-        its ``slice`` mode resizes the crops one by one in a Python loop. Box corners map to the
-        output's corner pixel centres (``align_corners=True``), as kornia's resample mode.
+        Box corners map to the output's corner pixel centres (``align_corners=True``); the
+        border is replicated, not zero-padded, so a crop touching the border keeps its values.
 
         Shape:
             x: float ``(B, C, H, W)``; returns ``(B, C, size, size)``
@@ -305,12 +369,15 @@ class SimCLRViews(nn.Module):
         b, c, h, w = x.shape
         if b == 0:  # affine_grid refuses an empty batch
             return x.new_empty(0, c, self.size, self.size)
-        box = self.crop.forward_parameters(x.shape)["src"].to(x.device, torch.float32)  # (B, 4, 2)
-        first, last = box[:, 0], box[:, 2]  # (B, 2): (x, y) of the top-left, bottom-right pixels
-        extent = torch.tensor([max(w - 1, 1), max(h - 1, 1)], device=x.device)  # (2,)
-        theta = torch.zeros(b, 2, 3, device=x.device)  # output [-1, 1] -> input [-1, 1] coords
-        theta[:, 0, 0], theta[:, 1, 1] = ((last - first) / extent).unbind(1)
-        theta[:, :, 2] = (last + first) / extent - 1
+        left, top, box_w, box_h = self.crop(b, h, w, x.device).unbind(1)  # (B,) each, pixels
+        # output [-1, 1] -> input [-1, 1]: x_in = sx · x_out + tx, box corners to pixel centres
+        sx, sy = (box_w - 1) / max(w - 1, 1), (box_h - 1) / max(h - 1, 1)  # (B,)
+        tx, ty = (
+            (2 * left + box_w - 1) / max(w - 1, 1) - 1,
+            (2 * top + box_h - 1) / max(h - 1, 1) - 1,
+        )
+        zero = torch.zeros_like(sx)
+        theta = torch.stack([sx, zero, tx, zero, sy, ty], dim=1).view(b, 2, 3)  # (B, 2, 3)
         grid = F.affine_grid(theta, [b, 1, self.size, self.size], align_corners=True)
         return F.grid_sample(x, grid, mode="bicubic", padding_mode="border", align_corners=True)
 

@@ -4,10 +4,24 @@ The adversarial view starts from the first augmented view x1 and climbs the cont
 between f(x1) and f(x_adv) (one FGSM step in the paper, PGD with ``adv_steps > 1``), in [0, 1]
 pixel units; training then minimises L(f(x1), f(x2)) + α·L(f(x1), f(x_adv)), α = 1. The
 adversarial rows go through a separate batch-norm branch (:mod:`imagecl.dual_bn`).
+
+Batch-norm statistics during the attack. The reference code (chihhuiho/CLAE, ``gen_adv`` in
+``SimCLR/main.py``) never leaves train mode: its attack forwards (the anchor and x_adv) run
+through the adversarial BN branch, normalise with the attacked batch's statistics and update
+that branch's running statistics only, so the clean statistics, the ones evaluation uses, never
+see an attack forward. Ours keeps the train-mode normalisation (the attack's result is the same)
+and freezes every running statistic while the attack runs (:func:`frozen_bn_statistics`): the
+clean statistics see exactly the training forward's clean rows, also without the adversarial
+branch (``adv_bn`` off, where the perturbed inputs would otherwise leak into them once per PGD
+step) and for our anchor f(x1), which uses the clean branch; the adversarial branch, never
+read at evaluation, sees the final x_adv once per step in the training forward (the
+reference's sees the anchor and x_adv as well).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -17,7 +31,29 @@ from imagecl.attacks import fgsm_contrastive, pgd_contrastive
 from imagecl.dual_bn import adversarial_rows
 from shared.losses import nt_xent_loss, supcon_loss
 
-__all__ = ["adversarial_view", "pair_loss"]
+__all__ = ["adversarial_view", "frozen_bn_statistics", "pair_loss"]
+
+
+@contextmanager
+def frozen_bn_statistics(module: nn.Module) -> Iterator[None]:
+    """Inside, no batch norm of ``module`` updates its running statistics or batch count.
+
+    In train mode the layers still normalise with the batch's own statistics (exactly as
+    before); in eval mode they use the running statistics as always. Each layer's
+    ``track_running_stats`` is switched off and restored on exit.
+    """
+    layers = [
+        m
+        for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
+    for layer in layers:
+        layer.track_running_stats = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.track_running_stats = True
 
 
 def pair_loss(cfg: Any, a: Tensor, b: Tensor, labels: Tensor, gather: bool) -> Tensor:
@@ -41,24 +77,27 @@ def adversarial_view(
 
     The attack runs on the unwrapped model (no DDP hooks; input gradients only, parameter
     gradients untouched) with the adversarial batch-norm branch when ``cfg.adv_bn``; its loss
-    contrasts f(x_adv) with the fixed f(x1). Local to each rank (no gather).
+    contrasts f(x_adv) with the fixed f(x1). Local to each rank (no gather). Every forward here
+    normalises with batch statistics (train mode) and leaves all running statistics as they
+    were (:func:`frozen_bn_statistics`; see the module docstring).
 
     Shape:
         x1: ``(N, C, S, S)``; mean, std: ``(C,)``; result: ``(N, C, S, S)``.
     """
     m, s = mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1)
-    with torch.no_grad():
-        z1 = model(x1).z.detach()  # (N, D) the anchor the attack moves away from
     pixels = (x1.detach() * s + m).clamp(0, 1)  # (N, C, S, S) in [0, 1]
     rows = x1.shape[0] if cfg.adv_bn else 0
+    with frozen_bn_statistics(model):
+        with torch.no_grad():
+            z1 = model(x1).z.detach()  # (N, D) the anchor the attack moves away from
 
-    def loss_fn(x_adv: Tensor) -> Tensor:
-        with adversarial_rows(model, rows):
-            z_adv = model((x_adv - m) / s).z
-        return pair_loss(cfg, z1, z_adv, labels, gather=False)
+        def loss_fn(x_adv: Tensor) -> Tensor:
+            with adversarial_rows(model, rows):
+                z_adv = model((x_adv - m) / s).z
+            return pair_loss(cfg, z1, z_adv, labels, gather=False)
 
-    if cfg.adv_steps == 1:
-        x_adv = fgsm_contrastive(loss_fn, pixels, eps=cfg.adv_eps)
-    else:
-        x_adv = pgd_contrastive(loss_fn, pixels, eps=cfg.adv_eps, steps=cfg.adv_steps)
+        if cfg.adv_steps == 1:
+            x_adv = fgsm_contrastive(loss_fn, pixels, eps=cfg.adv_eps)
+        else:
+            x_adv = pgd_contrastive(loss_fn, pixels, eps=cfg.adv_eps, steps=cfg.adv_steps)
     return ((x_adv - m) / s).detach()  # (N, C, S, S) normalised

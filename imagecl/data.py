@@ -4,8 +4,8 @@ Every source comes back as an :class:`ImageData`: the labelled ``train`` and ``t
 ``pretrain`` set contrastive pre-training reads, and per-channel statistics for normalising on the
 device. An item is ``(image, label)`` with ``image`` a uint8 ``(C, H, W)`` tensor in 0..255 and
 ``label`` an int (-1 when unlabeled). Loaders only decode and collate (:func:`collate_uint8`);
-conversion to float, augmentation and normalisation run batched on the device (DESIGN.md,
-decision 8), so workers ship a quarter of the bytes float32 would take.
+conversion to float, augmentation and normalisation run batched on the device (per-sample
+random parameters, one kernel per batch), so workers ship a quarter of the bytes float32 would take.
 
 Sources (docs/architecture.md, "Offline data"):
 
@@ -40,6 +40,7 @@ from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from imagecl.digits_m import blend_digits
 from imagecl.image_folders import DecodedImages, class_folder_files, decode_files, image_files
+from shared.runs import RunDir, report_skipped, skipped_line
 
 DATASETS = ("digits", "digits-m", "cifar10", "cifar100", "stl10", "imagefolder", "unlabeled")
 
@@ -149,6 +150,29 @@ def images_and_labels(dataset: ImageDataset) -> tuple[Tensor, Tensor]:
     return collate_uint8(items)
 
 
+def skipped_summary(data: ImageData, listing: str | Path = "skipped.csv") -> str | None:
+    """One line on the image files that could not be read, or ``None`` when every file was.
+
+    E.g. ``"skipped 3 of 43 image files (UnidentifiedImageError: 2, OSError: 1); the list is
+    in RUN/skipped.csv"``; ``listing`` is where the list lies.
+    """
+    if not data.skipped:
+        return None
+    reasons = [reason for _, reason in data.skipped]
+    return skipped_line(reasons, total=_files_seen(data), noun="image files", listing=listing)
+
+
+def report_skipped_images(data: ImageData, run_dir: RunDir | str | Path) -> str | None:
+    """Write ``skipped.csv`` (columns ``file, reason``) of the unreadable image files into the
+    run folder and print :func:`skipped_summary` when there are any; returns that line."""
+    return report_skipped(run_dir, data.skipped, total=_files_seen(data), noun="image files")
+
+
+def _files_seen(data: ImageData) -> int:
+    """Every image the source offered: read (``pretrain`` holds ``train``) and skipped."""
+    return len(data.pretrain) + len(data.test) + len(data.skipped)
+
+
 def load_data(
     name: str,
     *,
@@ -201,6 +225,35 @@ def _stratified_split(labels: Tensor, test_fraction: float, seed: int) -> tuple[
     return torch.from_numpy(np.sort(np.concatenate(train))), torch.from_numpy(
         np.sort(np.concatenate(test))
     )
+
+
+def stratified_subset(labels: Tensor, max_count: int, *, seed: int) -> Tensor:
+    """Indices of at most ``max_count`` items, every class in proportion to its size.
+
+    Within each class the items are shuffled from ``seed``; the i-th of a class of ``n_c`` gets
+    the key ``i / n_c`` and the ``max_count`` smallest keys are kept (ties in class order).
+    With ``M = max_count`` and ``C`` classes, class ``c`` keeps between ``(M - C)·n_c / N`` and
+    ``M·n_c / N + 1`` items, and every class keeps at least one when ``M >= C``. A split
+    ordered by class (image folders) thus keeps all its classes, where its first ``M`` items
+    would hold the first classes only. With ``N <= M`` every index is kept.
+
+    Shape:
+        labels: ``(N,)`` integer; returns ``(min(N, max_count),)`` sorted long indices
+    """
+    if max_count < 1:
+        raise ValueError(f"max_count must be >= 1, got {max_count}")
+    N = labels.shape[0]
+    if N <= max_count:
+        return torch.arange(N)
+    generator = torch.Generator().manual_seed(seed)
+    shuffled = torch.randperm(N, generator=generator)  # (N,)
+    grouped = shuffled[torch.sort(labels[shuffled], stable=True).indices]  # (N,) by class
+    _, counts = torch.unique_consecutive(labels[grouped], return_counts=True)  # (C,)
+    sizes = counts.repeat_interleave(counts)  # (N,) size of each item's class
+    starts = (counts.cumsum(0) - counts).repeat_interleave(counts)  # (N,)
+    key = (torch.arange(N) - starts).double() / sizes  # (N,) in [0, 1)
+    keep = torch.sort(key, stable=True).indices[:max_count]  # (max_count,)
+    return grouped[keep].sort().values
 
 
 def channel_stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:

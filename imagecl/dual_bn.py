@@ -5,7 +5,9 @@ their own batch-norm layers (momentum 0.01) so they do not disturb the clean sta
 test time (the "auxiliary BN" of AdvProp). :func:`convert_dual_bn` gives every ``BatchNorm2d``
 of a model a twin; inside ``with adversarial_rows(model, k)`` the last ``k`` rows of every
 batch go through the twins. One forward pass can so hold clean and adversarial rows, which
-keeps a training step to one forward and one backward (what DDP expects).
+keeps a training step to one forward and one backward (what DDP expects). The twins serve
+training only: :func:`revert_dual_bn` puts the clean layers back, which gives the plain network
+that evaluation, fine-tuning and export expect (its ``state_dict`` keys are a plain model's).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DualBatchNorm2d", "adversarial_rows", "convert_dual_bn"]
+__all__ = ["DualBatchNorm2d", "adversarial_rows", "convert_dual_bn", "revert_dual_bn"]
 
 ADVERSARIAL_MOMENTUM = 0.01  # CLAE's adversarial BN branch
 
@@ -52,6 +54,22 @@ def convert_dual_bn(module: nn.Module, momentum: float = ADVERSARIAL_MOMENTUM) -
             setattr(module, name, DualBatchNorm2d(child, momentum))
         else:
             convert_dual_bn(child, momentum)
+    return module
+
+
+def revert_dual_bn(module: nn.Module) -> nn.Module:
+    """Replace every :class:`DualBatchNorm2d` inside ``module`` by its clean branch (in place).
+
+    The inverse of :func:`convert_dual_bn`: the adversarial twins are dropped, and the clean
+    ``BatchNorm2d`` layers (the statistics test images are normalised with) keep their weights
+    and running statistics, so ``module`` computes what it computed outside
+    :func:`adversarial_rows` and loads into a network built without dual batch norm.
+    """
+    for name, child in module.named_children():
+        if isinstance(child, DualBatchNorm2d):
+            setattr(module, name, child.clean)
+        else:
+            revert_dual_bn(child)
     return module
 
 

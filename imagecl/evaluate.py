@@ -27,12 +27,18 @@ from torch import Tensor, nn
 from imagecl.attacks import fgsm_contrastive, pgd_contrastive
 from imagecl.augment import SimCLRViews, to_float
 from imagecl.corruptions import CORRUPTIONS, corrupt
-from imagecl.data import ImageData, images_and_labels
+from imagecl.data import (
+    ImageData,
+    ImageDataset,
+    images_and_labels,
+    report_skipped_images,
+    stratified_subset,
+)
 from shared.config import parse_config, save_config
 from shared.plots import plot_tsne
 from shared.probes import FittedProbe, alignment_uniformity, knn_probe, linear_probe
 from shared.runs import write_report, write_summary
-from shared.runtime import eval_mode, select_device
+from shared.runtime import eval_mode, runs_on_this_rank, select_device
 
 __all__ = [
     "CollapseError",
@@ -40,6 +46,7 @@ __all__ = [
     "check_not_collapsed",
     "corruption_accuracy",
     "encode",
+    "encode_views",
     "evaluate_encoder",
     "main",
     "make_monitor",
@@ -50,8 +57,8 @@ __all__ = [
 Attack = Literal["fgsm", "pgd"]
 
 # Below this mean per-dimension std of the L2-normalised features, every image maps to nearly
-# the same point: the representation has collapsed (REFERENCES: lr 0.5 without warm-up does it
-# to SupCon and SimCLR within a few steps).
+# the same point: the representation has collapsed (measured on SupContrast's own code, digits,
+# batch 256: lr 0.5 without warm-up does it to SupCon and SimCLR within 3 steps).
 COLLAPSE_STD = 1e-4
 
 
@@ -257,12 +264,7 @@ def evaluate_encoder(
             train_h, train_y, test_h, test_y, per_class, seed=seed
         )
     if views is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-        with torch.no_grad():
-            pair = views(test_x.to(device), generator=generator)  # (N, 2, C, S, S)
-        z1 = encode_float(encoder, pair[:, 0])
-        z2 = encode_float(encoder, pair[:, 1])
-        out.update(alignment_uniformity(z1, z2))
+        out.update(alignment_uniformity(*encode_views(encoder, test_x, views, device, seed)))
     if corruptions:
         assert probe.model is not None
         table = corruption_accuracy(
@@ -286,16 +288,44 @@ def encode_float(encoder: nn.Module, x: Tensor, batch_size: int = 512) -> Tensor
         return torch.cat([encoder(chunk).float().cpu() for chunk in torch.split(x, batch_size)])
 
 
+def encode_views(
+    encoder: nn.Module,
+    images: Tensor,
+    views: SimCLRViews,
+    device: torch.device,
+    seed: int,
+    batch_size: int = 512,
+) -> tuple[Tensor, Tensor]:
+    """Features of two augmented views of every image, chunk by chunk like :func:`encode`, so
+    the device holds ``batch_size`` images' views at a time, not the whole split's.
+
+    The views are drawn from one generator seeded with ``seed``, chunk after chunk.
+
+    Shape:
+        images: ``(N, C, H, W)`` uint8; result: two ``(N, D)`` float32 on the CPU.
+    """
+    generator = torch.Generator(device=device).manual_seed(seed)
+    z1, z2 = [], []
+    for chunk in torch.split(images, batch_size):
+        with torch.no_grad():
+            pair = views(chunk.to(device), generator=generator)  # (B, 2, C, S, S)
+        z1.append(encode_float(encoder, pair[:, 0]))  # (B, D)
+        z2.append(encode_float(encoder, pair[:, 1]))
+    return torch.cat(z1), torch.cat(z2)  # (N, D) each
+
+
 def make_monitor(cfg: Any, data: ImageData, device: torch.device, max_images: int = 5000) -> Any:
     """The loop's ``evaluate``: kNN accuracy (k = 20) of h on the test split, and a collapse
-    check (a clear error when every image maps to the same point)."""
+    check (a clear error when every image maps to the same point).
+
+    Each split is cut to ``max_images`` by a class-stratified subset seeded with ``cfg.seed``
+    (:func:`imagecl.data.stratified_subset`), chosen once: image folders are ordered by class,
+    and their first ``max_images`` would hold the first classes only.
+    """
     if data.num_classes < 2 or len(data.test) == 0:
         return None
-    train_x, train_y = images_and_labels(data.train)
-    test_x, test_y = images_and_labels(data.test)
-    train_x, train_y, test_x, test_y = (
-        train_x[:max_images], train_y[:max_images], test_x[:max_images], test_y[:max_images]
-    )  # fmt: skip
+    train_x, train_y = _monitor_subset(data.train, max_images, seed=cfg.seed)
+    test_x, test_y = _monitor_subset(data.test, max_images, seed=cfg.seed)
 
     def evaluate(model: nn.Module) -> dict[str, float]:
         backbone = model.backbone
@@ -310,25 +340,41 @@ def make_monitor(cfg: Any, data: ImageData, device: torch.device, max_images: in
     return evaluate
 
 
+def _monitor_subset(split: ImageDataset, max_images: int, *, seed: int) -> tuple[Tensor, Tensor]:
+    """At most ``max_images`` images of ``split`` and their labels, class-stratified."""
+    images, labels = images_and_labels(split)
+    keep = stratified_subset(labels, max_images, seed=seed)  # (M,)
+    return images[keep], labels[keep]
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Evaluate a trained encoder: linear probe, kNN, alignment/uniformity, corruptions."""
 
-    checkpoint: Path
-    data_root: Path | None = None  # where the data set lies now, if not where it was trained
-    out: Path | None = None  # default: <run>/eval-<time>
+    # group: data
+    checkpoint: Path  # a training run's checkpoints/last.pt (or best.pt) to evaluate (required)
+    data_root: Path | None = None  # where the run's data set lies now, if not where it was trained
+    # group: run
+    out: Path | None = None  # evaluation folder; none: <run>/eval-<time>
+    # group: method
     corruptions: bool = True
-    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
-    labels_per_class: tuple[int, ...] = (1, 5, 10)  # the low-label regime of the probe
+    """also score the probe on corrupted test images (the CIFAR-10-C protocol)"""
+    severities: tuple[int, ...] = (1, 2, 3, 4, 5)  # corruption severities to test, each in 1..5
+    labels_per_class: tuple[int, ...] = (1, 5, 10)
+    """also fit the probe on only n labelled images per class (the low-label regime), each >= 1"""
     knn_k: tuple[int, ...] = (20, 200)
-    attack: Attack | None = None  # probe accuracy under an L∞ attack on the frozen encoder
+    """neighbours of the weighted cosine kNN classifier (InstDisc: 20 and 200), each >= 1"""
+    attack: Attack | None = None
+    """probe accuracy under an L∞ attack on the frozen encoder: fgsm or pgd; none: no attack"""
     eps: float = field(
         default=2 / 255,
         metadata={"help": "attack budget in [0, 1] pixel units (0.00784 = 2/255, 0.0314 = 8/255)"},
     )
-    attack_steps: int = 10  # PGD steps (Madry et al.: step size 2.5 eps / steps)
-    seed: int = 0
+    attack_steps: int = 10  # PGD steps, >= 1 (step size 2.5·eps / steps, Madry et al.)
+    # group: run
+    seed: int = 0  # random seed of the probe's split and the views; any integer >= 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when available, else CPU; or force cpu / cuda"""
 
     def __post_init__(self) -> None:
         if any(not 1 <= s <= 5 for s in self.severities):
@@ -344,10 +390,12 @@ class EvalConfig:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``imagecl eval --checkpoint RUN/checkpoints/last.pt``: every number, plots, a report."""
     # imagecl.train and imagecl.report import this module
-    from imagecl.report import open_run, plot_accuracies, save_views_grid
+    from imagecl.report import open_run, plot_accuracies, save_views_grid, skipped_section
     from imagecl.train import load_trained
 
     cfg = parse_config(EvalConfig, argv, prog="imagecl eval")
+    if not runs_on_this_rank("imagecl eval"):  # one process: under torchrun, rank 0 alone
+        return {}
     device = select_device(cfg.device)
     trained_cfg, data, model = load_trained(cfg.checkpoint, data_root=cfg.data_root, device=device)
     out = (
@@ -355,9 +403,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     run = open_run(out, "eval")
     save_config(cfg, run.path)
+    report_skipped_images(data, run)  # skipped.csv and one line
     views = SimCLRViews(
         data.image_size, data.mean, data.std, "simclr_cifar" if data.channels > 1 else "small_gray"
-    )
+    ).to(device)
     numbers = evaluate_encoder(
         model.backbone, data, device=device, seed=cfg.seed, knn_k=cfg.knn_k,
         labels_per_class=cfg.labels_per_class, views=views,
@@ -365,12 +414,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         attack=cfg.attack, eps=cfg.eps, attack_steps=cfg.attack_steps,
     )  # fmt: skip
     table = numbers.pop("corruptions", None)
-    summary = {"method": trained_cfg.method, "data": trained_cfg.data, **numbers}
+    summary = {
+        "method": trained_cfg.method, "data": trained_cfg.data, "skipped": len(data.skipped),
+        **numbers,
+    }  # fmt: skip
     test_x, test_y = images_and_labels(data.test)
     test_h = encode(model.backbone, test_x, data.mean, data.std, device=device)
     plot_tsne(test_h, test_y, run.plots / "tsne_h.png", seed=cfg.seed, num_threads=1)
     save_views_grid(views, data, run.plots / "views.png", seed=cfg.seed, device=device)
-    sections = {"Protocol": PROTOCOL}
+    sections = {"Protocol": PROTOCOL, **skipped_section(data, run)}
     if cfg.attack is not None:
         clean, robust = numbers["linear_probe_accuracy"], numbers[f"{cfg.attack}_robust_accuracy"]
         sections["Adversarial robustness"] = attack_section(

@@ -25,41 +25,51 @@ running statistics, so every batch-norm layer sees each batch once, as in end-to
 
 Memory — two training paths (measured by benchmarks/loco_memory.py):
 
-(a) :func:`loco_train_step`, the one that ``shared.train.fit`` runs: one forward, one total
-    loss, one ``backward`` by ``fit``. Correct gradients, DDP and AMP as for any model, but
-    autograd keeps *every* unit's activations until that backward: not local learning's memory
-    saving. On a CPU, batch 256 × 2 views of 32 px, ResNet-18 GIM peaks at 1.00× end-to-end
-    and LoCo at 1.43× (its second pass of each shared stage); small_cnn 0.73× and 1.06×.
-(b) :func:`local_backward_step`: each unit's loss is back-propagated as soon as it is computed,
-    so its activations are freed before the next unit runs; the peak is that of one unit (one
-    stage for GIM, two for LoCo) plus the unit's output, which the next unit needs. ResNet-18:
-    GIM 0.76×, LoCo 0.87× of end-to-end. It gains nothing where the first stage holds most of
-    the activations (small_cnn: GIM 0.90×, worse than (a), whose backward frees the upper units
-    before it reaches the first). Same gradients as (a) (tested), but it calls ``backward``
-    itself, so it does not fit ``fit``'s contract, and it is single-process only.
+(a) :func:`loco_train_step`, a step for ``shared.train.fit``: one forward, one total loss, one
+    ``backward`` by ``fit``. Correct gradients, but autograd keeps *every* unit's activations
+    until that backward: not local learning's memory saving. On a CPU, batch 256 × 2 views of
+    32 px, ResNet-18 GIM peaks at 1.00× end-to-end and LoCo at 1.43× (its second pass of each
+    shared stage); small_cnn 0.73× and 1.06×.
+(b) :func:`local_backward_step`, what ``imagecl train --method loco`` runs (through
+    :class:`LocalUpdater`, DDP included): each unit's loss is back-propagated as soon as it is
+    computed, so its activations are freed before the next unit runs; the peak is that of one
+    unit (one stage for GIM, two for LoCo) plus the unit's output, which the next unit needs.
+    ResNet-18: GIM 0.76×, LoCo 0.87× of end-to-end (a). It gains nothing where the first stage
+    holds most of the activations (small_cnn: GIM 0.90×, worse than (a), whose backward frees
+    the upper units before it reaches the first). Same gradients as (a) (tested).
+
+``--compile``: the per-unit path calls the stages, decoders and heads one by one, never the
+model's or the backbone's ``forward``, so :meth:`LoCoModel.compile_units` compiles each of them
+in place (``nn.Module.compile``: the state-dict keys do not change).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
-from typing import Literal, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LRScheduler
 
 from imagecl.backbones import ResNetBackbone, SmallCNN
+from shared.distributed import all_reduce_mean, world_size
 from shared.heads import simclr_v1_head
 from shared.losses import nt_xent_loss
 from shared.runtime import unwrap
+from shared.updaters import OptimizerUpdater, StepContext
 
 __all__ = [
     "LoCoModel",
     "LoCoOutput",
     "LocalUnit",
+    "LocalUpdater",
     "UnitOutput",
+    "average_gradients",
     "local_backward_step",
     "loco_loss",
     "loco_train_step",
@@ -270,6 +280,24 @@ class LoCoModel(nn.Module):
         """The stages, in order (modules of ``self.backbone``)."""
         return self._stages
 
+    def compile_units(self, **kwargs: Any) -> None:
+        """Compile, in place, every module the per-unit path calls: stages, decoders, heads.
+
+        :meth:`forward_unit` calls them one by one, so compiling ``forward`` or the backbone
+        would leave training uncompiled. Each gets ``nn.Module.compile(**kwargs)`` (the
+        arguments of ``torch.compile``), which keeps the state-dict keys unchanged.
+
+        Every module compiled this way is one more cache entry of the same frame (the modules'
+        shared call), and each may need a few (train and eval mode, the shared stage's pass with
+        frozen statistics, inputs with and without gradient): dynamo's per-frame recompile limit
+        (8 by default) would leave the later modules uncompiled, so it is raised to fit them.
+        """
+        modules = (*self._stages, *self.decoders, *self.heads)
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, 4 * len(modules) + 8)
+        for module in modules:
+            module.compile(**kwargs)
+
     def forward_unit(self, unit: int, x: Tensor) -> UnitOutput:
         """Run unit ``unit`` on ``x``, the previous unit's output (or the images, for unit 0).
 
@@ -418,32 +446,119 @@ def local_backward_step(
     *,
     views: Callable[[Tensor], Tensor],
     temperature: float,
+    gather: bool = False,
+    ctx: StepContext | None = None,
 ) -> dict[str, Tensor]:
     """Forward *and backward* of one step, unit by unit (path (b)): local learning's memory.
 
     Unit k's weighted loss is back-propagated as soon as it is computed, which frees unit k's
     activations before unit k+1 runs on its detached output; the gradients are those of
     :func:`loco_train_step`'s total loss. Everything returned is detached (``"loss"`` too): the
-    caller checks it, steps the optimizer and zeroes the gradients, not ``fit``. Single process
-    only: DDP's reducer expects one backward per forward of the wrapper.
+    caller steps the optimizer and zeroes the gradients (:class:`LocalUpdater` does), not
+    ``fit``. ``ctx`` gives the autocast region of the forwards and ``backward`` (which checks
+    each unit's loss first); without it, fp32 and a check at once. ``gather`` contrasts every
+    rank's samples; the model must not be DDP-wrapped (DDP's reducer expects one backward per
+    forward): :class:`LocalUpdater` averages the gradients over ranks itself.
 
     Shape:
         as :func:`loco_train_step`.
     """
     if isinstance(model, DistributedDataParallel):
-        raise ValueError("local_backward_step is single-process; use loco_train_step under DDP")
+        raise ValueError(
+            "local_backward_step takes the plain LoCoModel; under DDP use LocalUpdater, which "
+            "averages the gradients over ranks after the per-unit backwards"
+        )
     loco = _loco_model(model)
     images, _ = batch
     N = images.shape[0]
-    h = _two_views(views, images).flatten(0, 1)  # (2N, C, S, S), rows n·2 + v
+    if ctx is None:
+        ctx = StepContext(step=0, device=images.device, dtype=None)
+    h = _two_views(views, images).flatten(0, 1)  # (2N, C, S, S), rows n·2 + v; fp32 views
     total = torch.zeros((), device=h.device)
     metrics: dict[str, Tensor] = {}
     for unit, weight in enumerate(loco.unit_weights):
-        h, _, z = loco.forward_unit(unit, h)
-        z = z.view(N, 2, -1)  # (N, 2, D)
-        loss = nt_xent_loss(z[:, 0], z[:, 1], temperature=temperature)
-        torch.autograd.backward(loss * weight)  # unit's graph (its activations) freed here
+        with ctx.autocast():
+            h, _, z = loco.forward_unit(unit, h)
+            z = z.view(N, 2, -1)  # (N, 2, D)
+            loss = nt_xent_loss(z[:, 0], z[:, 1], temperature=temperature, gather=gather)
+        ctx.backward(loss * weight, f"unit{unit}_loss")  # the unit's graph is freed here
         h = h.detach()  # keep the output's values, drop the freed graph
         metrics[f"unit{unit}_loss"] = loss.detach()
         total = total + weight * loss.detach()
     return {"loss": total, **metrics}
+
+
+def average_gradients(parameters: Iterable[nn.Parameter]) -> None:
+    """Replace every gradient by its mean over ranks, in one all-reduce (DDP's averaging).
+
+    Every rank must call it at the same point with the same parameters holding gradients; the
+    identity on one process.
+
+    Shape:
+        the gradients are flattened into one ``(P,)`` buffer for the collective.
+    """
+    if world_size() == 1:
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return
+    flat = all_reduce_mean(torch.cat([g.reshape(-1) for g in grads]))  # (P,)
+    for grad, part in zip(grads, torch.split(flat, [g.numel() for g in grads]), strict=True):
+        grad.copy_(part.view_as(grad))
+
+
+class LocalUpdater(OptimizerUpdater):
+    """The training step of ``imagecl train --method loco``: per-unit backward, DDP included.
+
+    Each step runs :func:`local_backward_step` on the plain :class:`LoCoModel` (each unit
+    back-propagated as soon as its loss exists, path (b)), then, under DDP, averages the
+    gradients over ranks with one all-reduce (:func:`average_gradients`), steps the optimizer
+    and the scheduler and zeroes the gradients. DDP's own reducer cannot serve here: it expects
+    one backward per forward of the wrapper, and the per-unit path makes one per unit. With
+    ``gather`` each unit's NT-Xent contrasts every rank's samples, so the parameters get the
+    gradients of one process holding the whole batch (as DDP would give). Batch-norm buffers
+    stay each rank's own (rank 0's are the ones saved, as under DDP).
+
+    An :class:`~shared.updaters.OptimizerUpdater` in everything but the step: the same
+    checkpoint keys (``model``, ``optimizer``, ``scheduler``) and metrics (``lr``, ``loss``,
+    ``unit{k}_loss``); one batch per step, no gradient accumulation or clipping.
+
+    Args:
+        model: a :class:`LoCoModel`, possibly DDP-wrapped.
+        optimizer, scheduler: stepped once per step.
+        views: uint8 images ``(N, C, H, W)`` to 2 views ``(N, 2, C, S, S)``.
+        temperature: τ of every unit's NT-Xent.
+        gather: contrast every rank's samples (under DDP).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        views: Callable[[Tensor], Tensor],
+        temperature: float,
+        gather: bool,
+        scheduler: LRScheduler | None = None,
+    ) -> None:
+        _loco_model(model)  # fail early on anything else
+        single = functools.partial(
+            loco_train_step, views=views, temperature=temperature, gather=gather
+        )
+        super().__init__(model, optimizer, single, scheduler=scheduler)
+        self.views, self.temperature, self.gather = views, temperature, gather
+
+    def step(self, batches: Iterator[Any], ctx: StepContext) -> dict[str, Tensor | float]:
+        loco = _loco_model(self.model)
+        batch = ctx.to_device(next(batches))
+        metrics = local_backward_step(
+            loco, batch, views=self.views, temperature=self.temperature, gather=self.gather,
+            ctx=ctx,
+        )  # fmt: skip
+        average_gradients(loco.parameters())
+        lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this step uses
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"lr": lr, **metrics}

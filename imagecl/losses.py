@@ -74,7 +74,7 @@ def nt_xent(z1: Tensor, z2: Tensor, *, temperature: float, normalize: bool = Tru
     with autocast_off(z1):
         z = _rows(z1, z2)  # (2N, D)
         rows = torch.arange(z.shape[0], device=z.device)  # (2N,)
-        lse = masked_logsumexp(z, z, temperature=temperature, self_index=rows).all  # (2N,)
+        lse = masked_logsumexp(z, z, temperature=temperature, self_index="diagonal").all  # (2N,)
         positive = (z * z[rows ^ 1]).sum(1) / temperature  # (2N,) the other view of each sample
         per_row = lse - positive  # (2N,)
         return per_row.mean() if per_row.numel() else per_row.sum()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import re
 from collections.abc import Mapping, Sequence
@@ -12,7 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from imagecl.augment import SimCLRViews
-from imagecl.data import ImageData, images_and_labels
+from imagecl.data import ImageData, images_and_labels, skipped_summary
+from imagecl.dual_bn import revert_dual_bn
 from imagecl.evaluate import attack_section, encode, evaluate_encoder
 from imagecl.loco import LoCoModel
 from imagecl.models import ImageModel
@@ -32,6 +34,7 @@ __all__ = [
     "plot_training_curves",
     "readout_table",
     "save_views_grid",
+    "skipped_section",
     "stage_readouts",
     "unnormalize",
 ]
@@ -179,13 +182,18 @@ def finish_run(
     """
     model = unwrap(built.model)
     assert isinstance(model, ImageModel | LoCoModel)
+    # a CLAE backbone's adversarial batch-norm twins are a training device: the export holds
+    # the clean branch only, so it loads into the plain backbone of the same architecture
     export_encoder(
-        model.backbone, run.path / "encoder.safetensors",
+        revert_dual_bn(copy.deepcopy(model.backbone)), run.path / "encoder.safetensors",
         metadata={"backbone": cfg.backbone, "method": cfg.method, "data": cfg.data},
     )  # fmt: skip
-    summary: dict[str, Any] = {"method": cfg.method, "data": cfg.data, "steps": steps}
-    sections = {"Run": describe_run(cfg, built.data)}
     data = built.data
+    summary: dict[str, Any] = {
+        "method": cfg.method, "data": cfg.data, "steps": steps, "skipped": len(data.skipped),
+    }  # fmt: skip
+    sections = {"Run": describe_run(cfg, data)}
+    sections.update(skipped_section(data, run))
     if data.num_classes >= 2 and len(data.test):
         sections.update(_evaluate_into(summary, run, cfg, model, data, device))
         test_x, test_y = images_and_labels(data.test)
@@ -240,6 +248,12 @@ def _evaluate_into(
             + readout_table(model, accuracies)
         )
     return sections
+
+
+def skipped_section(data: ImageData, run: RunDir) -> dict[str, str]:
+    """The report's "Skipped files" section when image files could not be read, else none."""
+    line = skipped_summary(data, run.skipped_path.name)
+    return {} if line is None else {"Skipped files": line}
 
 
 def _loco_kind(model: LoCoModel) -> str:

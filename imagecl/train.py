@@ -14,7 +14,9 @@ only in the loss of :func:`train_step`:
 * ``ce``: the same backbone and augmentation (one view) with a linear classifier, end to end.
 * ``loco`` (Xiong et al. 2020): the backbone split into ``stages`` local units, each with its
   own head and NT-Xent (:mod:`imagecl.loco`); ``--overlap 0`` is Greedy InfoMax,
-  ``--end-to-end`` the same model trained end to end (the baseline).
+  ``--end-to-end`` the same model trained end to end (the baseline). Trained unit by unit
+  (:class:`imagecl.loco.LocalUpdater`: each unit's backward frees its activations before the
+  next unit runs), DDP included.
 * ``clae`` (Ho & Vasconcelos 2020) = ``simclr`` + ``--adversarial``: an adversarial view from
   the first one (:mod:`imagecl.clae`) adds α·L(f(x1), f(x_adv)); ``--adversarial`` does the same
   for SupCon.
@@ -39,10 +41,10 @@ from torch import Tensor, nn
 from imagecl.augment import PRESETS, SimCLRViews
 from imagecl.backbones import build_backbone, to_channels_last
 from imagecl.clae import adversarial_view, pair_loss
-from imagecl.data import DATASETS, ImageData, collate_uint8, load_data
+from imagecl.data import DATASETS, ImageData, collate_uint8, load_data, report_skipped_images
 from imagecl.dual_bn import adversarial_rows, convert_dual_bn
 from imagecl.evaluate import make_monitor
-from imagecl.loco import LoCoModel, loco_train_step
+from imagecl.loco import LocalUpdater, LoCoModel, loco_train_step
 from imagecl.losses import LossName, check_loss_settings, simclr_loss
 from imagecl.models import HEADS, ImageModel, ModelOutput, build_head
 from imagecl.report import finish_run, open_run
@@ -63,7 +65,7 @@ from shared.runtime import (
     unwrap,
     wrap_ddp,
 )
-from shared.train import LoopConfig, fit
+from shared.train import LoopConfig, fit, fit_updater
 
 __all__ = ["QUICK", "Built", "Config", "build", "main", "train_step"]
 
@@ -80,58 +82,100 @@ DEFAULT_TEMPERATURE = {"simclr": 0.5, "supcon": 0.1}
 class Config:
     """Train an image encoder with SimCLR, SupCon or cross-entropy."""
 
+    # group: method
     method: Method = "simclr"
+    """simclr (2 views, NT-Xent), supcon (labels), ce (cross-entropy), clae (simclr + an
+    adversarial view) or loco (a local loss per backbone stage)"""
+    # group: data
     data: DataName = "digits-m"
+    """digits and digits-m (offline), cifar10/cifar100/stl10 (torchvision, in --data-root),
+    imagefolder (a sub-folder per class) or unlabeled (any image folder)"""
     data_root: Path | None = None
-    download: bool = False
-    image_size: int | None = None  # image folders only: resize to this size (default 32)
+    """folder of the torchvision data set or of the images; the digits need none"""
+    download: bool = False  # let torchvision fetch cifar10/cifar100/stl10 into --data-root
+    image_size: int | None = None
+    """image side in pixels, >= 1; none: the source's (digits, CIFAR and folders 32, STL-10 96)"""
+    # group: model
     backbone: Backbone = "resnet18"
-    cifar_stem: bool = True  # 3×3 stride-1 stem, no max-pool (SimCLR/SupCon on 32 px)
-    width: int = 32  # small_cnn only
-    head: Head = "mlp"  # SimCLR v1's 2-layer MLP; mlp3 = v2's; none = contrast h itself
-    head_dim: int = 128
-    augment: str = (
-        "auto"  # a preset of imagecl.augment; auto: simclr_cifar, small_gray for 1 channel
-    )
-    views: int = 2  # SupCon only: views per image (SimCLR uses 2, cross-entropy 1)
-    batch_size: int = 512  # per process
-    epochs: int = 100
-    max_steps: int | None = None
+    """encoder f: resnet18 / resnet50 (torchvision) or small_cnn (4 conv layers, fast on CPU)"""
+    cifar_stem: bool = True
+    """ResNet stem for small images: 3×3 stride-1 conv, no max-pool (SimCLR/SupCon on 32 px)"""
+    width: int = 32  # small_cnn only: channels of its first layer, >= 1
+    head: Head = "mlp"
+    """projection head g: mlp (SimCLR v1, 2 layers), mlp3 (v2, 3 layers), linear, or none
+    (contrast h itself)"""
+    head_dim: int = 128  # width of z = g(h), the projection that is contrasted; >= 1
+    # group: data
+    augment: str = "auto"
+    """augmentation preset: simclr_imagenet, simclr_cifar (colour s = 0.5), small_gray (crop +
+    flip); auto: small_gray for 1 channel, else simclr_cifar"""
+    # group: method
+    views: int = 2  # augmented views per image, >= 2 (supcon only; simclr and loco use 2, ce 1)
+    # group: optimisation
+    batch_size: int = 512
+    """images per step in each process (the global batch is this × processes); >= 1"""
+    epochs: int = 100  # passes over the pre-training set, >= 1 (--max-steps stops earlier)
+    max_steps: int | None = None  # stop after this many optimizer steps; none: --epochs decides
     optimizer: Literal["lars", "sgd", "adam"] = "lars"
-    lr: float = 0.3  # per 256 images (scaled by the global batch / 256; Adam: used as is)
-    weight_decay: float = 1e-6  # SimCLR with LARS
-    momentum: float = 0.9
-    warmup_epochs: float = 10.0  # SimCLR: 10 epochs of linear warm-up, then cosine
-    temperature: float | None = None  # None: 0.5 for simclr, 0.1 for supcon
-    variant: Literal["out", "in"] = "out"  # SupCon's L_out (the better one) or L_in
-    joint_classifier: bool = False  # SupCon: a classifier on stop-gradient h alongside
-    adversarial: bool = False  # CLAE on SimCLR/SupCon (method clae = simclr + this)
-    adv_alpha: float = 1.0  # CLAE: loss = L(x1, x2) + α·L(x1, x_adv), α = 1
-    adv_eps: float = 0.015  # in [0, 1] pixel units (CLAE's 0.03 is in normalised units)
-    adv_steps: int = 1  # 1: FGSM, as CLAE; more: PGD
-    adv_bn: bool = True  # a separate adversarial batch-norm branch (momentum 0.01)
-    stages: int = 4  # LoCo/GIM: stages the backbone is split into
-    overlap: int = 1  # LoCo: 1 (unit k = stages k, k+1); 0 = Greedy InfoMax
-    decoder_depth: int = 0  # LoCo: extra non-shared conv layers before each unit's head
-    end_to_end: bool = False  # LoCo's baseline: the same model, one head, no local losses
-    queue_size: int = 0  # SimCLR: K past keys as extra negatives (0: none)
-    loss: LossName = "nt_xent"  # SimCLR's loss (imagecl.losses; SimCLR Table 4)
-    normalize: bool = True  # ℓ2-normalise z in nt_xent/nt_logistic/triplet (SimCLR Table 5)
-    prior: Prior = "uniform_hypersphere"  # generalized: the distribution term (Chen et al. 2021)
-    lam: float = 1.0  # generalized: λ of L_align + λ·L_dist
-    margin: float = 0.5  # triplet: on squared distances of normalised z (0.25 on cosines)
-    online_probe: bool = True
-    probe_lr: float = 0.1  # the online probe's own lr (SGD-style; no weight decay)
-    compile: bool = False  # torch.compile the backbone
+    """lars (SimCLR's; biases and norms without decay or adaptation), sgd (with --momentum) or
+    adam (AdamW)"""
+    lr: float = 0.3
+    """learning rate per 256 images, > 0: scaled by global batch / 256 for lars and sgd, used as
+    is for adam (SimCLR: 0.3)"""
+    weight_decay: float = 1e-6
+    """weight decay, >= 0 (L2 for lars/sgd, decoupled for adam; SimCLR with LARS: 1e-6)"""
+    momentum: float = 0.9  # momentum of lars and sgd, in [0, 1)
+    warmup_epochs: float = 10.0
+    """epochs of linear warm-up before the cosine decay, >= 0 (SimCLR: 10)"""
+    # group: method
+    temperature: float | None = None
+    """τ of the contrastive loss, > 0; none: 0.5 for simclr (CIFAR), 0.1 for supcon"""
+    variant: Literal["out", "in"] = "out"
+    """supcon: L_out (log outside the sum over positives, the better one) or L_in"""
+    joint_classifier: bool = False  # supcon: also train a linear classifier on stop-gradient h
+    adversarial: bool = False
+    """CLAE: add an adversarial view to simclr or supcon (method clae is simclr with this on)"""
+    adv_alpha: float = 1.0
+    """CLAE: weight α of the adversarial term, loss = L(x1, x2) + α·L(x1, x_adv); >= 0"""
+    adv_eps: float = 0.015
+    """CLAE: L∞ attack budget in [0, 1] pixel units (CLAE's 0.03 is in normalised units)"""
+    adv_steps: int = 1  # CLAE: attack steps, >= 1; 1 is FGSM (CLAE's), more is PGD
+    adv_bn: bool = True  # CLAE: a separate batch-norm branch for adversarial images (momentum 0.01)
+    stages: int = 4  # loco: local units the backbone is split into, >= 1
+    overlap: int = 1
+    """loco: 1 = unit k spans stages k and k+1 (LoCo); 0 = no overlap (Greedy InfoMax)"""
+    decoder_depth: int = 0  # loco: extra non-shared conv layers before each unit's head, >= 0
+    end_to_end: bool = False  # loco: train the same model end to end with one head (the baseline)
+    queue_size: int = 0  # simclr: the last K keys as extra negatives (MoCo's queue); 0 = none
+    loss: LossName = "nt_xent"
+    """simclr: nt_xent, nt_logistic, triplet (SimCLR Table 4) or generalized (alignment +
+    λ·distribution)"""
+    normalize: bool = True  # ℓ2-normalise z in nt_xent, nt_logistic and triplet (SimCLR Table 5)
+    prior: Prior = "uniform_hypersphere"
+    """generalized: the distribution term's target, e.g. uniform_hypersphere (Chen et al. 2021)"""
+    lam: float = 1.0  # generalized: weight λ of the distribution term, L_align + λ·L_dist; >= 0
+    margin: float = 0.5
+    """triplet: margin on squared distances of normalised z (0.5 = 0.25 on cosines); > 0"""
+    # group: run
+    online_probe: bool = True  # train a linear probe on detached h alongside and log probe_acc
+    probe_lr: float = 0.1
+    """learning rate of the online probe, > 0 (a tenth of it with adam; no weight decay)"""
+    compile: bool = False  # torch.compile the backbone in place (checkpoints keep plain keys)
     amp: Literal["auto", "bf16", "off"] = "auto"
-    seed: int = 0
+    """mixed precision: auto = bf16 autocast on CUDA, fp32 on CPU; bf16; off = fp32"""
+    seed: int = 0  # random seed of initialisation, data order and augmentations; any integer >= 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_workers: int = 0
-    log_every: int = 10
-    eval_every: int | None = None  # kNN monitor on the test split (None: at the end only)
+    """auto: CUDA when available, else CPU; or force cpu / cuda"""
+    num_workers: int = 0  # DataLoader worker processes that decode images; 0 = in the main process
+    log_every: int = 10  # write a metrics.csv row every N steps, >= 1
+    eval_every: int | None = None
+    """run the kNN monitor on the test split every N steps; none: at the end only"""
     checkpoint_every: int | None = None
+    """save checkpoints/last.pt every N steps; none: at the end only"""
     out: Path | None = None
-    resume: bool = False
+    """run folder; none: runs/imagecl/<method>-<time>; an existing non-empty folder is refused
+    without --resume"""
+    resume: bool = False  # continue the run in --out from checkpoints/last.pt (same config)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs", "width", "head_dim", "views"):
@@ -296,8 +340,10 @@ def build(
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, data).to(device)
     model = to_channels_last(model, device)
-    if cfg.compile:
-        model.backbone = torch.compile(model.backbone)  # type: ignore[arg-type,assignment]
+    if cfg.compile:  # in place: the state_dict keys (checkpoints, export) stay the plain ones
+        model.get_submodule("backbone").compile()
+        if isinstance(model, LoCoModel):  # its training calls the units, not the backbone
+            model.compile_units()
     seed_everything(cfg.seed, rank=env.rank)  # each rank its own augmentations from here on
     dataset = data.pretrain if cfg.base_method == "simclr" else data.train
     if len(dataset) < cfg.batch_size:
@@ -318,7 +364,7 @@ def build(
     scheduler = warmup_cosine_schedule(optimizer, warmup_steps=warmup, total_steps=total)
     views = SimCLRViews(
         data.image_size, data.mean, data.std, cfg.augment_preset(data.channels), views=cfg.num_views
-    )
+    ).to(device)  # once: its constants live there, each step copies nothing from the host
     return Built(wrap_ddp(model, env), views, optimizer, scheduler, loader, data)
 
 
@@ -397,17 +443,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if env.rank == 0:
             save_config(cfg, run.path)
         built = build(cfg, device=device, env=env)
+        if env.rank == 0:
+            report_skipped_images(built.data, run)  # skipped.csv and one line
         loop_cfg = LoopConfig(
             epochs=cfg.epochs, max_steps=cfg.max_steps, log_every=cfg.log_every,
             eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, amp=cfg.amp,
         )  # fmt: skip
         step = functools.partial(train_step, cfg=cfg, views=built.views, gather=env.is_distributed)
         monitor = make_monitor(cfg, built.data, device)
-        result = fit(
-            built.model, built.optimizer, built.loader, step, loop_cfg=loop_cfg, run_dir=run,
-            device=device, scheduler=built.scheduler, evaluate=monitor, resume=cfg.resume,
-            dist_env=env, config=cfg,
-        )  # fmt: skip
+        if cfg.method == "loco":  # per-unit backward: local learning's memory (imagecl.loco)
+            updater = LocalUpdater(
+                built.model, built.optimizer, views=built.views, temperature=cfg.tau,
+                gather=env.is_distributed, scheduler=built.scheduler,
+            )  # fmt: skip
+            result = fit_updater(
+                updater, built.loader, loop_cfg=loop_cfg, run_dir=run, device=device,
+                evaluate=monitor, evaluate_on_all_ranks=True, resume=cfg.resume, dist_env=env,
+                config=cfg,
+            )  # fmt: skip
+        else:
+            result = fit(
+                built.model, built.optimizer, built.loader, step, loop_cfg=loop_cfg, run_dir=run,
+                device=device, scheduler=built.scheduler, evaluate=monitor, resume=cfg.resume,
+                dist_env=env, config=cfg,
+            )  # fmt: skip
         summary: dict[str, Any] = {}
         if env.rank == 0:
             summary = finish_run(run, cfg, built, result.step, device)
@@ -437,5 +496,12 @@ def load_trained(
         cfg.data, root=data_root or cfg.data_root, seed=cfg.seed, image_size=cfg.image_size
     )
     model = build_model(cfg, data)
-    model.load_state_dict(state["model"])
+    model.load_state_dict(_without_compile_prefix(state["model"]))
     return cfg, data, model.to(device).eval()
+
+
+def _without_compile_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the ``_orig_mod.`` segment that a ``torch.compile`` wrapper puts into every
+    key of the wrapped module removed (checkpoints of runs whose backbone was compiled that way
+    say ``backbone._orig_mod.features.0.weight`` for ``backbone.features.0.weight``)."""
+    return {".".join(p for p in k.split(".") if p != "_orig_mod"): v for k, v in state.items()}

@@ -10,14 +10,33 @@ the dataclass so its own validation runs. The resolved config is saved with ever
 Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``),
 ``pathlib.Path``, ``Literal[...]`` (choices), ``tuple[X, ...]`` and fixed ``tuple[X, Y]`` of
 those scalars, and ``X | None`` (the word ``none`` on the command line, ``null`` in a file).
+
+Each flag is spelled once, with dashes (field ``data_root`` is ``--data-root``). Its help is
+written once, next to the field, in the first of these places that has it: ``metadata={"help":
+...}``, a docstring on the line below the field, or the field's trailing ``# comment`` (the
+conventions tyro reads). A comment line ``# group: <title>`` in the class body puts the fields
+below it, up to the next such line, under that heading in ``--help``::
+
+    @dataclass(frozen=True)
+    class Config:
+        # group: optimisation
+        lr: float = 0.3  # base learning rate; > 0
+        epochs: int = 100
+        "passes over the training set; >= 1"
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
 import inspect
+import io
 import json
+import re
+import textwrap
+import tokenize
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -31,11 +50,23 @@ from shared.checkpoint import atomic_write
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["config_to_dict", "load_config", "parse_config", "read_config_file", "save_config"]
+__all__ = [
+    "FieldNote",
+    "config_to_dict",
+    "field_notes",
+    "load_config",
+    "parse_config",
+    "read_config_file",
+    "save_config",
+]
 
 C = TypeVar("C", bound="DataclassInstance")
 
 _SCALARS: tuple[type, ...] = (int, float, str, bool, Path)
+# --help lists these groups first, in this order; any other group title follows in source order
+_GROUP_ORDER = {
+    title: i for i, title in enumerate(("data", "model", "method", "optimisation", "run"))
+}
 
 
 def parse_config(
@@ -87,16 +118,33 @@ def parse_config(
         allow_abbrev=False,
     )
     parser.add_argument(
-        "--config", type=Path, default=None, help="YAML or JSON file whose keys set the defaults"
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a YAML or JSON file whose keys replace the defaults (flags given here win)",
     )
     for preset, values in presets.items():
         shown = ", ".join(f"{key}={value}" for key, value in values.items())
-        parser.add_argument(f"--{preset}", action="store_true", help=f"preset: {shown}")
+        text = (
+            f"preset, sets {shown} (--config and flags win)"
+            if values
+            else "accepted for symmetry with the other commands; changes nothing"
+        )
+        parser.add_argument(f"--{preset}", action="store_true", help=text.replace("%", "%%"))
+    notes = field_notes(cls)
+    titles = sorted(
+        dict.fromkeys(note.group for note in notes.values() if note.group),
+        key=lambda title: _GROUP_ORDER.get(title, len(_GROUP_ORDER)),  # stable: others follow
+    )
+    groups = {title: parser.add_argument_group(title) for title in titles}
     for field in dataclasses.fields(cls):
         if not field.init:
             continue
         default = file_values.get(field.name, _field_default(field))
-        _add_argument(parser, field, hints[field.name], default)
+        help_text, title = notes.get(field.name, FieldNote("", ""))
+        target: argparse._ActionsContainer = groups[title] if title else parser
+        _add_argument(target, field, hints[field.name], default, help_text)
     namespace = vars(parser.parse_args(argv))
     namespace.pop("config")
     for preset in presets:
@@ -190,6 +238,79 @@ def _field_hints(cls: type[Any]) -> dict[str, Any]:
     return hints
 
 
+class FieldNote(typing.NamedTuple):
+    """What ``--help`` shows for one field: its help text and its group title ("" for none)."""
+
+    help: str
+    group: str
+
+
+def field_notes(cls: type[Any]) -> dict[str, FieldNote]:
+    """The help text and group of every field of the dataclass ``cls``, read next to the field.
+
+    Help comes from ``metadata["help"]``, else the docstring right below the field, else the
+    field's trailing ``# comment``; a ``# group: <title>`` comment line groups the fields below
+    it. A field inherited from a base class is read from the base's source. Fields without any
+    note are missing from the result.
+    """
+    notes: dict[str, FieldNote] = {}
+    for field in dataclasses.fields(cls):
+        owner = next((k for k in cls.__mro__ if field.name in inspect.get_annotations(k)), cls)
+        text, group = _source_notes(owner).get(field.name, FieldNote("", ""))
+        text = str(field.metadata.get("help", text))
+        if text or group:
+            notes[field.name] = FieldNote(" ".join(text.split()), group)
+    return notes
+
+
+_GROUP = re.compile(r"#\s*group:\s*(?P<title>.+?)\s*$")
+
+
+@functools.cache
+def _source_notes(cls: type[Any]) -> dict[str, FieldNote]:
+    """Field name -> (docstring or trailing comment, group) from the class body's own source."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source: a class built at run time, an interactive session
+        return {}
+    notes: dict[str, FieldNote] = {}
+    depth, body_col, group = 0, -1, ""
+    line: list[tokenize.TokenInfo] = []  # the current logical line at the class body's depth
+    last: str | None = None  # the field on the previous logical line, for its docstring
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.INDENT:
+            depth += 1
+            if depth == 1:
+                body_col = len(token.string)
+        elif token.type == tokenize.DEDENT:
+            depth -= 1
+        elif token.type == tokenize.COMMENT and not line and token.start[1] == body_col:
+            marker = _GROUP.match(token.string)
+            group = marker.group("title") if marker else group
+        elif token.type == tokenize.NEWLINE and depth == 1 and line:
+            last = _note_line(line, notes, group, last)
+            line = []
+        elif depth == 1 and token.type != tokenize.NL:
+            line.append(token)
+    return notes
+
+
+def _note_line(
+    line: list[tokenize.TokenInfo], notes: dict[str, FieldNote], group: str, last: str | None
+) -> str | None:
+    """Record the field on one logical line of the class body; return its name (or None)."""
+    first = line[0]
+    if first.type == tokenize.STRING and len(line) == 1 and last is not None:
+        doc = inspect.cleandoc(str(ast.literal_eval(first.string)))  # the attribute docstring
+        notes[last] = FieldNote(doc, notes[last].group)
+        return None
+    if first.type == tokenize.NAME and len(line) > 1 and line[1].string == ":":
+        comments = [t.string.lstrip("#").strip() for t in line if t.type == tokenize.COMMENT]
+        notes[first.string] = FieldNote(" ".join(comments), group)
+        return first.string
+    return None
+
+
 def _field_default(field: dataclasses.Field[Any]) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
@@ -255,15 +376,17 @@ def _scalar_parser(kind: Any, optional: bool) -> Callable[[str], Any]:
 
 
 def _add_argument(
-    parser: argparse.ArgumentParser, field: dataclasses.Field[Any], hint: Any, default: Any
+    parser: argparse._ActionsContainer,
+    field: dataclasses.Field[Any],
+    hint: Any,
+    default: Any,
+    help_text: str,
 ) -> None:
     inner, optional, tuple_args = _describe(hint, field.name)
-    flags = [f"--{field.name}"]
-    if "_" in field.name:
-        flags.append(f"--{field.name.replace('_', '-')}")
-    # argparse %-formats help strings; the default is appended by ArgumentDefaultsHelpFormatter.
-    help_text = str(field.metadata.get("help", field.name.replace("_", " "))).replace("%", "%%")
-    kwargs: dict[str, Any] = {"dest": field.name, "help": help_text}
+    flag = f"--{field.name.replace('_', '-')}"
+    # argparse %-formats help strings; ArgumentDefaultsHelpFormatter appends the default.
+    shown = help_text.replace("%", "%%") if help_text else "(default: %(default)s)"
+    kwargs: dict[str, Any] = {"dest": field.name, "help": shown}
     if default is dataclasses.MISSING:
         kwargs["required"] = True
     else:
@@ -279,7 +402,9 @@ def _add_argument(
         kwargs["type"] = _scalar_parser(inner, optional)
         if typing.get_origin(inner) is Literal:
             kwargs["choices"] = [*typing.get_args(inner), *([None] if optional else [])]
-    parser.add_argument(*flags, **kwargs)
+        else:  # the value's type, not the field's name again: --lr FLOAT, --out PATH
+            kwargs["metavar"] = inner.__name__.upper() + ("|none" if optional else "")
+    parser.add_argument(flag, **kwargs)
 
 
 def _none_list(value: Any) -> Any:

@@ -9,6 +9,12 @@ equal those of one process holding the whole batch (tested with 2 gloo processes
 
 We write this small autograd function ourselves instead of ``torch.distributed.nn.all_gather``:
 that one needs equal batch sizes and its backward uses ``reduce_scatter``, which gloo lacks.
+
+Ranks may hold different numbers of rows: the gathers first exchange the row counts, which the
+host must read to cut the padding (one wait for the device per gather on a GPU). A caller that
+knows every rank holds the same number of rows (a ``DistributedSampler`` gives each rank
+equally many samples, so equal batches) passes ``equal_sizes=True`` and nothing is exchanged or
+read back; the rows must then really be equal in number, as for any collective.
 """
 
 from __future__ import annotations
@@ -57,12 +63,15 @@ class Gathered(NamedTuple):
     offset: int
 
 
-def _sizes(n: int, device: torch.device) -> list[int]:
-    """Number of rows on every rank (one small all_gather)."""
-    mine = torch.tensor([n], dtype=torch.long, device=device)
-    all_sizes = [torch.zeros_like(mine) for _ in range(world_size())]
+def _sizes(n: int, device: torch.device, equal_sizes: bool) -> list[int]:
+    """Number of rows on every rank: ``n`` each when the caller says so, else exchanged (one
+    small all_gather, read on the host)."""
+    if equal_sizes:
+        return [n] * world_size()
+    mine = torch.full((1,), n, dtype=torch.long, device=device)
+    all_sizes = [torch.empty_like(mine) for _ in range(world_size())]
     dist.all_gather(all_sizes, mine)
-    return [int(s.item()) for s in all_sizes]
+    return [int(s) for s in torch.cat(all_sizes).tolist()]  # one read for all ranks
 
 
 def _all_gather_rows(x: Tensor, sizes: list[int]) -> Tensor:
@@ -90,35 +99,48 @@ class _GatherWithGrad(torch.autograd.Function):
         return grad[ctx.offset : ctx.offset + ctx.n], None, None
 
 
-def gather_with_offset(x: Tensor) -> Gathered:
+def gather_with_offset(x: Tensor, *, equal_sizes: bool = False) -> Gathered:
     """All-gather ``x`` along dim 0 with gradients, and return this rank's row offset.
 
     The identity (offset 0) when ``torch.distributed`` is not initialised or has one process.
+
+    Args:
+        x: this rank's rows.
+        equal_sizes: every rank holds as many rows as this one: skip the size exchange and its
+            host read (see the module docstring).
 
     Shape:
         x: ``(n, *)`` on this rank; result: ``(sum of n over ranks, *)``.
     """
     if world_size() == 1:
         return Gathered(x, 0)
-    sizes = _sizes(x.shape[0], x.device)
+    sizes = _sizes(x.shape[0], x.device, equal_sizes)
     offset = sum(sizes[: rank()])
     return Gathered(_GatherWithGrad.apply(x, sizes, offset), offset)
 
 
-def gather_with_grad(x: Tensor) -> Tensor:
+def gather_with_grad(x: Tensor, *, equal_sizes: bool = False) -> Tensor:
     """Gradient-correct all-gather along dim 0 (see the module docstring); identity on 1 process.
+
+    ``equal_sizes`` as for :func:`gather_with_offset`.
 
     Shape:
         x: ``(n, *)``; result: ``(sum of n over ranks, *)``, rank 0's rows first.
     """
-    return gather_with_offset(x).tensor
+    return gather_with_offset(x, equal_sizes=equal_sizes).tensor
 
 
-def gather_no_grad(x: Tensor) -> Tensor:
-    """All-gather along dim 0 for tensors that need no gradient (labels, ids)."""
+def gather_no_grad(x: Tensor, *, equal_sizes: bool = False) -> Tensor:
+    """All-gather along dim 0 for tensors that need no gradient (labels, ids).
+
+    ``equal_sizes`` as for :func:`gather_with_offset`.
+
+    Shape:
+        x: ``(n, *)``; result: ``(sum of n over ranks, *)``, rank 0's rows first.
+    """
     if world_size() == 1:
         return x
-    return _all_gather_rows(x.detach(), _sizes(x.shape[0], x.device))
+    return _all_gather_rows(x.detach(), _sizes(x.shape[0], x.device, equal_sizes))
 
 
 def all_reduce_mean(x: Tensor) -> Tensor:

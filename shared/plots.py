@@ -14,14 +14,14 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 
-import matplotlib.image
+import matplotlib
 import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
+from torchvision.utils import save_image
 
 __all__ = ["plot_loss_curves", "plot_tsne", "save_image_grid"]
 
@@ -109,12 +109,15 @@ def plot_tsne(
     *,
     seed: int,
     max_points: int = 2000,
-    perplexity: float = 30.0,  # van der Maaten & Hinton 2008 / scikit-learn default
+    perplexity: float | None = None,
     num_threads: int | None = None,
 ) -> Path:
     """2-D t-SNE (scikit-learn) of at most `max_points` rows, one colour and legend entry per label.
 
     Rows are subsampled uniformly with a generator seeded by `seed`, which also seeds TSNE.
+    `perplexity` None is scikit-learn's 30 (van der Maaten & Hinton 2008), lowered to a third of
+    the points for small sets (t-SNE needs fewer neighbours than points); a given value that is
+    not below the number of points raises.
     `num_threads` caps the OpenMP threads of the t-SNE gradient (None: scikit-learn's default).
     Set it to 1 when processes share the CPU (DDP ranks, pytest -n): oversubscribed OpenMP
     barriers can make t-SNE several times slower than one thread.
@@ -140,7 +143,9 @@ def plot_tsne(
         keep = torch.randperm(N, generator=torch.Generator().manual_seed(seed))[:max_points]
         features, labels = features[keep.to(features.device)], labels[keep.to(labels.device)]
     points = features.detach().to("cpu", torch.float64).numpy()  # (n, D), a copy
-    if not perplexity < points.shape[0]:
+    if perplexity is None:
+        perplexity = min(30.0, (points.shape[0] - 1) / 3)
+    if not 0 < perplexity < points.shape[0]:
         raise ValueError(
             f"perplexity={perplexity} must be < the number of points {points.shape[0]}"
         )
@@ -170,30 +175,6 @@ def plot_tsne(
     return _save(fig, _prepare(out_path))
 
 
-def _torchvision_utils() -> ModuleType | None:
-    try:
-        import torchvision.utils
-    except ImportError:
-        return None
-    utils: ModuleType = torchvision.utils
-    return utils
-
-
-def _make_grid_numpy(images: Tensor, nrow: int, padding: int) -> np.ndarray:
-    """(N, C, H, W) in [0, 1] -> (H', W', 3) float grid, as torchvision's make_grid lays it out."""
-    N, C, H, W = images.shape
-    if C == 1:
-        images = images.expand(N, 3, H, W)  # a view; read only
-    columns = min(nrow, N)
-    rows = math.ceil(N / columns)
-    grid = np.zeros((rows * (H + padding) + padding, columns * (W + padding) + padding, 3))
-    for index in range(N):
-        r, c = divmod(index, columns)
-        top, left = padding + r * (H + padding), padding + c * (W + padding)
-        grid[top : top + H, left : left + W] = images[index].permute(1, 2, 0).numpy()  # (H, W, 3)
-    return grid
-
-
 def save_image_grid(
     images: Tensor,
     out_path: str | os.PathLike[str],
@@ -204,8 +185,8 @@ def save_image_grid(
 ) -> Path:
     """Save a grid of `nrow` images per row; values in [0, 1] (or min-max scaled if `normalize`).
 
-    Uses `torchvision.utils.save_image` when torchvision imports, else a matplotlib fallback
-    with the same layout.
+    The layout is `torchvision.utils.make_grid`'s: `padding` pixels between and around images,
+    the last row left-aligned.
 
     Shape:
         - images: (N, C, H, W), C in {1, 3}
@@ -221,10 +202,5 @@ def save_image_grid(
     if normalize:
         low, high = pixels.min(), pixels.max()
         pixels = (pixels - low) / (high - low).clamp_min(1e-12)  # (N, C, H, W), new tensor
-    utils = _torchvision_utils()
-    if utils is not None:
-        utils.save_image(pixels, path, nrow=nrow, padding=padding)
-        return path
-    grid = _make_grid_numpy(pixels.clamp(0.0, 1.0), nrow, padding)
-    matplotlib.image.imsave(path, grid)
+    save_image(pixels, path, nrow=nrow, padding=padding)
     return path

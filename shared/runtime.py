@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple
@@ -33,6 +34,7 @@ __all__ = [
     "make_loader",
     "move_to_device",
     "rank_seed",
+    "runs_on_this_rank",
     "seed_everything",
     "select_device",
     "set_epoch",
@@ -175,6 +177,21 @@ def is_main_process() -> bool:
     return True
 
 
+def runs_on_this_rank(command: str) -> bool:
+    """Whether a one-process command (evaluation, sampling, fine-tuning) runs in this process.
+
+    Always true without torchrun. Under torchrun only rank 0 runs the command, as one process
+    (no process group is started); every other rank prints one line to stderr and should return
+    at once with exit status 0, so the job neither writes a second run folder nor races rank 0
+    for its files.
+    """
+    world_size, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
+    if world_size > 1 and rank != 0:
+        print(f"{command}: runs in one process, rank 0; rank {rank} exits", file=sys.stderr)
+        return False
+    return True
+
+
 def make_loader(
     dataset: Dataset[Any],
     batch_size: int,
@@ -241,10 +258,20 @@ def wrap_ddp(
 ) -> nn.Module:
     """Wrap ``model`` in ``DistributedDataParallel`` when the job is distributed, else return it.
 
-    The model must already be on this process's device (``cuda:LOCAL_RANK`` or CPU).
+    The model must already be on this process's device (``cuda:LOCAL_RANK`` or CPU). DDP sends
+    rank 0's buffers to every rank before each forward (``broadcast_buffers=True``); the buffers
+    of submodules whose class sets ``ddp_broadcast_buffers = False`` (a
+    :class:`~shared.losses.MemoryQueue`, which all-gathers on its own) are left out of that
+    broadcast and of the initial one.
     """
     if not dist_env.is_distributed:
         return model
+    kept = _rank_kept_buffers(model)
+    if kept:
+        ignored = [*getattr(model, "_ddp_params_and_buffers_to_ignore", ()), *kept]
+        # DDP's documented hook for this (torch.nn.parallel.distributed); it sets an attribute
+        set_ignored = DistributedDataParallel._set_params_and_buffers_to_ignore_for_model
+        set_ignored(model, ignored)  # type: ignore[no-untyped-call]
     param = next(model.parameters(), None)
     on_cuda = param is not None and param.device.type == "cuda"
     return DistributedDataParallel(
@@ -252,6 +279,16 @@ def wrap_ddp(
         device_ids=[dist_env.local_rank] if on_cuda else None,
         find_unused_parameters=find_unused_parameters,
     )
+
+
+def _rank_kept_buffers(model: nn.Module) -> list[str]:
+    """Qualified names of the buffers DDP must not broadcast (see :func:`wrap_ddp`)."""
+    names: dict[str, None] = {}
+    for prefix, module in model.named_modules():
+        if getattr(type(module), "ddp_broadcast_buffers", True) is False:
+            for name, _ in module.named_buffers(prefix=prefix):
+                names[name] = None
+    return list(names)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

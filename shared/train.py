@@ -3,7 +3,8 @@
 See docs/architecture.md, "Training loop" and "Run folders". A pipeline provides
 ``train_step(model, batch) -> dict`` (with ``"loss"``) and calls :func:`fit`, which does once what
 nanoGPT's ``train.py`` does: bf16 autocast on GPU (fp32 on CPU), gradient accumulation with DDP's
-``no_sync``, clipping, optimizer and scheduler steps, ``check_finite`` on every loss,
+``no_sync``, clipping, optimizer and scheduler steps, a finiteness check of every loss (kept on
+the device and read on logging and checkpoint steps, every rank together),
 ``metrics.csv`` (+ TensorBoard), evaluation with ``best.pt``, and ``last.pt``, from which
 ``resume=True`` reaches bit for bit the weights and metrics of an uninterrupted run with the same
 seed: the checkpoint holds the weights, optimizer and scheduler states, the position in the
@@ -46,7 +47,14 @@ from shared.runtime import (
     unwrap,
     wrap_ddp,
 )
-from shared.updaters import OptimizerUpdater, StepContext, TrainStep, Updater, check_finite
+from shared.updaters import (
+    FiniteGuard,
+    OptimizerUpdater,
+    StepContext,
+    TrainStep,
+    Updater,
+    check_finite,
+)
 
 __all__ = [
     "RESUME_MAY_CHANGE",
@@ -197,6 +205,7 @@ class _Loop:
     env: DistEnv
     config: dict[str, Any]
     may_change: frozenset[str]
+    guard: FiniteGuard
 
     @property
     def main(self) -> bool:
@@ -231,8 +240,13 @@ class _Loop:
 
     def step(self, batches: Iterator[Any], progress: _Progress) -> dict[str, Tensor | float]:
         """One updater step over ``batches_per_step`` batches; return its metrics."""
-        ctx = StepContext(step=progress.step + 1, device=self.device, dtype=self.dtype)
-        metrics = self.updater.step(itertools.islice(batches, self.batches_per_step), ctx)
+        ctx = StepContext(progress.step + 1, self.device, self.dtype, guard=self.guard)
+        try:
+            metrics = self.updater.step(itertools.islice(batches, self.batches_per_step), ctx)
+        except Exception:
+            # a NaN earlier (unread so far) may be the cause: name it rather than its symptom
+            self.guard.raise_if_bad(collective=False)
+            raise
         progress.step += 1
         progress.batch += self.batches_per_step
         return metrics
@@ -383,15 +397,24 @@ class _Loop:
     ) -> dict[str, float]:
         """Log, evaluate, then checkpoint after step ``progress.step``; return the logged row.
 
-        The checkpoint comes last so its RNG state includes whatever evaluation drew.
+        The checkpoint comes last so its RNG state includes whatever evaluation drew. On any
+        of these steps the finiteness flag of every loss since the last one is read first
+        (gathered over ranks): a NaN raises before it is logged, evaluated or saved. Other
+        steps read nothing on the host.
         """
         step, last = progress.step, progress.step == self.total
+        log = step % self.cfg.log_every == 0 or last
+        every = self.cfg.eval_every
+        evaluate = self.evaluate is not None and ((every is not None and step % every == 0) or last)
+        every = self.cfg.checkpoint_every
+        checkpoint = (every is not None and step % every == 0) or last
+        if log or evaluate or checkpoint:
+            self.guard.raise_if_bad()
         row: dict[str, float] = {}
-        if step % self.cfg.log_every == 0 or last:
+        if log:
             row = {"epoch": progress.epoch}
             row.update({key: _scalar(value) for key, value in metrics.items()})
-        every = self.cfg.eval_every
-        if self.evaluate is not None and ((every is not None and step % every == 0) or last):
+        if evaluate:
             results = self.run_evaluation(progress, epoch_rng)
             clash = sorted(set(results) & {"epoch", *metrics})
             if clash:
@@ -401,8 +424,7 @@ class _Loop:
             progress.metrics = row
             if logger is not None:
                 logger.log(step, row)
-        every = self.cfg.checkpoint_every
-        if (every is not None and step % every == 0) or last:
+        if checkpoint:
             self.checkpoint_last(progress, epoch_rng)
         return row
 
@@ -594,6 +616,7 @@ def _fit(
         env=env,
         config=_resolved_config(loop_cfg, config),
         may_change=frozenset(may_change),
+        guard=FiniteGuard(device),
     )
     progress, ckpt = loop.restore() if resume else (_Progress(), None)
     logger = None

@@ -27,9 +27,17 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
+from shared.distributed import all_gather_object, gather_no_grad, world_size
 from shared.runtime import move_to_device, unwrap
 
-__all__ = ["OptimizerUpdater", "StepContext", "TrainStep", "Updater", "check_finite"]
+__all__ = [
+    "FiniteGuard",
+    "OptimizerUpdater",
+    "StepContext",
+    "TrainStep",
+    "Updater",
+    "check_finite",
+]
 
 TrainStep = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
 
@@ -54,17 +62,91 @@ def check_finite(value: Tensor | float, name: str, step: int) -> None:
         )
 
 
+class FiniteGuard:
+    """Whether every checked loss was finite, kept on the device and read only when asked.
+
+    ``bool(torch.isfinite(loss).all())`` before every ``backward`` makes the host wait for the
+    device at every loss. Instead, like ``torch.amp.GradScaler``'s ``found_inf``, the guard folds
+    each value's finiteness into 0-dim device tensors with device-side ops only: the first
+    step at which a value was not finite (0 while none was), the index of its name, and the
+    value itself. The loop reads them with :meth:`raise_if_bad` on logging, evaluation and
+    checkpoint steps (one device→host copy), so a NaN is reported with the step and the loss
+    where it first appeared, and no checkpoint is written after it. The steps in between run on
+    with non-finite numbers, which changes nothing that is kept.
+
+    Under DDP :meth:`raise_if_bad` first gathers every rank's flag (a collective), so a NaN on
+    one rank makes every rank raise the same error at the same step instead of leaving the
+    others waiting inside the next collective.
+
+    Args:
+        device: where the flag lives: the device the losses are computed on.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._step = torch.zeros((), dtype=torch.long, device=device)  # first bad step; 0: none
+        self._name = torch.zeros((), dtype=torch.long, device=device)  # index into _names
+        self._value = torch.zeros((), dtype=torch.float64, device=device)
+        self._names: list[tuple[str, bool]] = []  # (name, whether the value is one number)
+
+    def observe(self, value: Tensor, name: str, step: int) -> None:
+        """Record whether ``value`` is finite, without reading it on the host.
+
+        Shape:
+            value: any shape; a one-element value is shown in the error, others are not.
+        """
+        if step < 1:
+            raise ValueError(f"steps are counted from 1 (0 means none went bad), got {step}")
+        value = value.detach()
+        key = (name, value.numel() == 1)
+        if key not in self._names:
+            self._names.append(key)
+        finite = torch.isfinite(value).all().to(self.device, non_blocking=True)
+        first = (self._step == 0) & ~finite  # () bool: the first non-finite value so far
+        shown = value.reshape(-1)[0] if key[1] else self._value.new_full((), math.nan)
+        self._step = torch.where(first, step, self._step)
+        self._name = torch.where(first, self._names.index(key), self._name)
+        self._value = torch.where(first, shown.to(self._value), self._value)
+
+    def raise_if_bad(self, *, collective: bool = True) -> None:
+        """Raise ``FloatingPointError`` naming the first non-finite value, its step (and rank).
+
+        With ``collective`` (every rank must call it at the same point) the flags of every rank
+        are gathered first and the earliest step wins (the lowest rank among equals); without,
+        only this rank's flag is read (after an error, when the other ranks may not come).
+        """
+        state = torch.stack([self._step.double(), self._name.double(), self._value])  # (3,)
+        ranks = world_size() if collective else 1
+        rows = (gather_no_grad(state[None]) if ranks > 1 else state[None]).tolist()  # (R, 3)
+        bad = [(int(row[0]), rank) for rank, row in enumerate(rows) if row[0] > 0]
+        if not bad:
+            return
+        step, rank = min(bad)
+        names = all_gather_object(self._names) if ranks > 1 else [self._names]
+        name, one = names[rank][int(rows[rank][1])]
+        shown = f"{rows[rank][2]}" if one else "a tensor with non-finite entries"
+        where = f" on rank {rank}" if ranks > 1 else ""
+        raise FloatingPointError(
+            f"{name} is {shown} at step {step}{where}; training stopped so that the last good "
+            "checkpoint is not overwritten"
+        )
+
+
 @dataclass(frozen=True)
 class StepContext:
     """What the loop decides for every step: its number (from 1), the device and the precision.
 
     ``autocast()`` is the autocast region every forward pass runs in (bf16 on GPU when the
-    loop's ``amp`` says so, nothing on the CPU); ``to_device`` moves a batch there.
+    loop's ``amp`` says so, nothing on the CPU); ``to_device`` moves a batch there. ``guard``
+    is the loop's :class:`FiniteGuard`: with it, :meth:`check` records finiteness on the device
+    (read at the loop's logging steps); without it (a step run by hand) :meth:`check` raises at
+    once.
     """
 
     step: int
     device: torch.device
     dtype: torch.dtype | None
+    guard: FiniteGuard | None = None
 
     def autocast(self) -> AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
@@ -72,9 +154,16 @@ class StepContext:
     def to_device(self, batch: Any) -> Any:
         return move_to_device(batch, self.device)
 
+    def check(self, value: Tensor, name: str) -> None:
+        """Check that ``value`` is finite: on the device with the loop's guard, else at once."""
+        if self.guard is None:
+            check_finite(value, name, self.step)
+        else:
+            self.guard.observe(value, name, self.step)
+
     def backward(self, loss: Tensor, name: str = "loss", *, scale: float = 1.0) -> None:
-        """``check_finite`` then ``backward`` of ``loss / scale``: every loss goes through here."""
-        check_finite(loss, name, self.step)
+        """:meth:`check` then ``backward`` of ``loss / scale``: every loss goes through here."""
+        self.check(loss, name)
         torch.autograd.backward(loss.div(scale) if scale != 1.0 else loss)
 
 
@@ -164,7 +253,7 @@ class OptimizerUpdater(Updater):
                 sums[key] = sums[key] + share if key in sums else share
         if self.clip_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
-            check_finite(norm, "grad_norm", ctx.step)
+            ctx.check(norm, "grad_norm")
             sums["grad_norm"] = norm.detach()
         lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this step uses
         self.optimizer.step()

@@ -70,6 +70,7 @@ FULL_BUDGET = Budget(steps=300, batch_size=128, width=32, probe_weight_decays=DE
 class StudyConfig:
     """Run a study: train small models on its grid, write results.csv, plots and report.md."""
 
+    # group: run
     quick: bool = field(
         default=False,
         metadata={"help": "a tiny grid of short runs (about a minute on 2 CPU cores)"},
@@ -78,10 +79,13 @@ class StudyConfig:
         default=None,
         metadata={"help": "run folder (default runs/imagecl/study-<name>/<quick|full>-seed<seed>)"},
     )
-    seed: int = 0
+    seed: int = 0  # random seed of every cell (data, initialisation, augmentations)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when available, else CPU; or force cpu / cuda"""
+    # group: optimisation
     steps: int | None = field(default=None, metadata={"help": "training steps per cell"})
     batch_size: int | None = field(default=None, metadata={"help": "batch size per cell"})
+    # group: run
     limit: int | None = field(
         default=None, metadata={"help": "run only the first N cells of the grid (smoke checks)"}
     )

@@ -10,8 +10,9 @@ generalized --prior decoupled_nt_xent`` at one (τ, λ) and reports the linear-p
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
+
+from scipy.stats import spearmanr
 
 from imagecl.studies.cells import (
     digits_m,
@@ -54,31 +55,6 @@ def measure(params: dict[str, Any], ctx: CellContext) -> dict[str, float]:
     return {"probe_acc": probe(*features(model.backbone, data, ctx), ctx)}
 
 
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation (ties get their mean rank); NaN for fewer than 2 points."""
-
-    def ranks(values: Sequence[float]) -> list[float]:
-        order = sorted(range(len(values)), key=lambda i: values[i])
-        out = [0.0] * len(values)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-
-    if len(x) < 2:
-        return math.nan
-    rx, ry = ranks(x), ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return cov / var if var > 0 else math.nan
-
-
 def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir) -> dict[str, str]:
     taus = sorted({r.params["tau"] for r in results})
     lams = sorted({r.params["lam"] for r in results})
@@ -94,7 +70,14 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
         finite = [(acc, lam) for acc, lam in zip(row, lams, strict=True) if math.isfinite(acc)]
         if finite:
             best.append((t, max(finite)[1]))
-    rho = spearman([t for t, _ in best], [lam for _, lam in best])
+    best_taus, best_lams = [t for t, _ in best], [lam for _, lam in best]
+    # Spearman's ρ (tied values share their mean rank); undefined when either side has a single
+    # distinct value, as when every τ prefers the same λ (scipy would warn and return NaN).
+    rho = (
+        float(spearmanr(best_taus, best_lams)[0])
+        if len(set(best_taus)) > 1 and len(set(best_lams)) > 1
+        else math.nan
+    )
     if not readable([v for row in table for v in row]) or not math.isfinite(rho):
         direction = "the τ–λ relation cannot be read from these cells"
     elif rho < 0:

@@ -1,9 +1,16 @@
 """Input checks shared by the losses: a ``ValueError`` that names the problem, never a traceback
-from deep inside torch."""
+from deep inside torch.
+
+The checks read shapes, dtypes and Python settings only, never a tensor's values: reading a value
+makes the host wait for the device, and a loss runs at every training step. NaN or infinite
+inputs are therefore not caught here; they make the loss non-finite, which the training loops
+detect (one device-side flag, read on logging steps).
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -12,7 +19,10 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 def check_features(x: object, name: str, ndim: int) -> Tensor:
-    """``x`` must be a finite floating tensor of rank ``ndim`` with a non-empty feature dim."""
+    """``x`` must be a floating tensor of rank ``ndim`` with a non-empty feature dim.
+
+    Its values are not read (see the module docstring): finiteness is the loop's check.
+    """
     if not isinstance(x, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.ndim != ndim:
@@ -21,9 +31,6 @@ def check_features(x: object, name: str, ndim: int) -> Tensor:
         raise ValueError(f"{name} must be a floating tensor, got dtype {x.dtype}")
     if x.shape[-1] == 0:
         raise ValueError(f"{name} has an empty feature dim: shape {tuple(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} holds {bad} NaN or infinite values")
     return x
 
 
@@ -45,6 +52,14 @@ def check_labels(labels: object, n: int, name: str = "labels") -> Tensor:
     if labels.is_floating_point() or labels.is_complex():
         raise ValueError(f"{name} must be integers, got dtype {labels.dtype}")
     return labels.long()
+
+
+def check_gather(gather: object) -> bool | Literal["equal"]:
+    """``False``, ``True`` (every rank's rows, sizes exchanged) or ``"equal"`` (every rank holds
+    the same number of rows: no size exchange, no host read)."""
+    if gather not in (False, True, "equal") or not isinstance(gather, (bool, str)):
+        raise ValueError(f"gather must be a bool or 'equal', got {gather!r}")
+    return "equal" if gather == "equal" else bool(gather)
 
 
 def check_positive(value: float, name: str) -> float:
@@ -99,5 +114,6 @@ def reduce(per_row: Tensor, reduction: str, valid: Tensor | None = None) -> Tens
         return per_row
     if reduction == "sum":
         return per_row.sum()
-    count = per_row.new_tensor(per_row.numel()) if valid is None else valid.sum()
-    return per_row.sum() / count.clamp(min=1)
+    if valid is None:  # a Python count: no host-to-device copy
+        return per_row.sum() / max(per_row.numel(), 1)
+    return per_row.sum() / valid.sum().clamp(min=1)

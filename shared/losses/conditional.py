@@ -12,6 +12,7 @@ from shared.distributed import gather_no_grad, gather_with_offset
 from shared.losses._checks import (
     check_block_size,
     check_features,
+    check_gather,
     check_labels,
     check_positive,
     check_reduction,
@@ -19,6 +20,7 @@ from shared.losses._checks import (
     reduce,
 )
 from shared.losses.core import autocast_off, masked_logsumexp
+from shared.losses.supcon import Gather
 
 __all__ = ["ConditionalContrastiveLoss", "conditional_contrastive_loss"]
 
@@ -31,7 +33,7 @@ def conditional_contrastive_loss(
     labels: Tensor,
     *,
     temperature: float = 1.0,
-    gather: bool = False,
+    gather: Gather = False,
     block_size: int | None = None,
     reduction: Reduction = "mean",
 ) -> Tensor:
@@ -44,7 +46,9 @@ def conditional_contrastive_loss(
     extra column per anchor, added to both sums with ``logaddexp`` around the core's
     log-sum-exps. With ``gather=True`` the embeddings and labels of every rank are the contrasts
     (StudioGAN gathers everything first); see :func:`shared.losses.supcon_loss` for the scaling.
-    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`).
+    ``gather="equal"`` promises every rank holds N rows and skips the exchange of the row counts.
+    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`). Inputs are not
+    checked for NaN (that would wait for the device): the training loop checks the loss.
 
     Shape:
         embeddings: ``(N, D)``; proxies: ``(N, D)`` holding e(y_i) for row i; labels: ``(N,)``;
@@ -56,16 +60,18 @@ def conditional_contrastive_loss(
     y = check_labels(labels, embeddings.shape[0])
     check_positive(temperature, "temperature")
     check_reduction(reduction)
+    check_gather(gather)
+    equal = gather == "equal"
     with autocast_off(embeddings):
         dtype = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
         l = F.normalize(embeddings.to(dtype), dim=1)  # (N, D)
         e = F.normalize(proxies.to(dtype), dim=1)  # (N, D)
-        l_all, offset = gather_with_offset(l) if gather else (l, 0)  # (Ng, D)
-        y_all = gather_no_grad(y) if gather else y  # (Ng,)
+        l_all, offset = gather_with_offset(l, equal_sizes=equal) if gather else (l, 0)  # (Ng, D)
+        y_all = gather_no_grad(y, equal_sizes=equal) if gather else y  # (Ng,)
         own = offset + torch.arange(l.shape[0], device=l.device)  # (N,)
         lse = masked_logsumexp(
             l, l_all, temperature=temperature, self_index=own, anchor_labels=y,
-            contrast_labels=y_all, block_size=block_size,
+            contrast_labels=y_all, block_size=block_size, norm_bound=1.0,
         )  # fmt: skip
         assert lse.positive is not None
         proxy_logit = (l * e).sum(1) / temperature  # (N,)
@@ -81,13 +87,13 @@ class ConditionalContrastiveLoss(nn.Module):
     def __init__(
         self,
         temperature: float = 1.0,
-        gather: bool = False,
+        gather: Gather = False,
         block_size: int | None = None,
         reduction: Reduction = "mean",
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.gather, self.block_size = gather, check_block_size(block_size)
+        self.gather, self.block_size = check_gather(gather), check_block_size(block_size)
         self.reduction: Reduction = reduction
         check_reduction(reduction)
 

@@ -16,6 +16,14 @@ core uses a bound on every logit, ``|L_ik| ≤ max‖a‖·max‖c‖/τ`` (``1/
 every ``exp(L_ik − shift)`` stays a normal float and the sums cannot overflow, the plain
 exponentials are exact (no shift at all for τ ≥ 0.025 in fp32, a constant shift up to τ ≈ 0.017).
 For a smaller τ the core falls back to max-shifted ``logsumexp`` with ``finfo.min`` masking.
+The bound picks a path on the host, so the callers that normalise pass ``norm_bound=1.0``; only
+without it does the core measure the norms, the one read of a device value in this module (and
+none while compiling: an unknown bound then takes the max-shifted path).
+
+Compilation. The dense and blockwise paths trace under ``torch.compile(fullgraph=True)``: the
+symmetric case is told by the arguments (the same tensor as anchors and contrasts, own columns
+on the diagonal), never by comparing values, and the reusable CPU buffer is left out while
+compiling (the compiler plans its own memory).
 
 Empty batches (the rule every loss of :mod:`shared.losses` follows). A batch with zero rows is a
 zero loss with a zero gradient, not an error: with ``reduction="mean"`` or ``"sum"`` the result is
@@ -30,12 +38,14 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
 from shared.losses._checks import check_block_size
+
+SelfIndex = Tensor | Literal["diagonal"] | None
 
 __all__ = ["DENSE_MAX_ELEMENTS", "LogSumExps", "autocast_off", "masked_logsumexp"]
 
@@ -81,10 +91,11 @@ def masked_logsumexp(
     contrasts: Tensor,
     *,
     temperature: float,
-    self_index: Tensor | None = None,
+    self_index: SelfIndex = None,
     anchor_labels: Tensor | None = None,
     contrast_labels: Tensor | None = None,
     block_size: int | None = None,
+    norm_bound: float | None = None,
 ) -> LogSumExps:
     """Log-sum-exp of ``anchors @ contrasts.T / temperature`` per anchor, masked, exactly.
 
@@ -92,10 +103,17 @@ def masked_logsumexp(
         anchors: rows ``a_i`` (usually L2-normalised).
         contrasts: rows ``c_k`` (usually L2-normalised).
         temperature: τ > 0.
-        self_index: column of each anchor's own row in ``contrasts``, left out of every sum.
+        self_index: column of each anchor's own row in ``contrasts``, left out of every sum;
+            ``"diagonal"`` is column ``i`` for anchor ``i`` (M = K). Passing the same tensor as
+            ``anchors`` and ``contrasts`` with ``"diagonal"`` and no labels makes the similarity
+            matrix symmetric, and backward then needs one matrix product less.
         anchor_labels, contrast_labels: when given, also the sum over same-label columns.
         block_size: ``None`` picks the dense path up to ``DENSE_MAX_ELEMENTS`` logits and blocks
             above; an int forces the memory-bounded blockwise path with that many anchor rows.
+        norm_bound: a bound on ``‖a_i‖·‖c_k‖`` known on the host, 1.0 for L2-normalised rows
+            (their norms are 1 up to rounding, which the exponent headroom absorbs). ``None``
+            measures it, which reads a device value back to the host (a sync on a GPU); under
+            ``torch.compile`` the max-shifted path runs instead (exact, no read).
 
     M = 0 or K = 0 is allowed (see the module docstring): empty results, or ``-inf`` sums.
 
@@ -107,26 +125,42 @@ def masked_logsumexp(
     check_block_size(block_size)
     if (anchor_labels is None) != (contrast_labels is None):
         raise ValueError("anchor_labels and contrast_labels must be given together")
+    if isinstance(self_index, str) and (self_index != "diagonal" or M != K):
+        raise ValueError(
+            f"self_index must be a tensor, None or 'diagonal' (M = K), got {self_index!r} "
+            f"with M = {M}, K = {K}"
+        )
+    if norm_bound is not None and not (isinstance(norm_bound, (int, float)) and norm_bound >= 0):
+        raise ValueError(f"norm_bound must be a number >= 0 or None, got {norm_bound!r}")
     dtype = torch.float64 if torch.float64 in (anchors.dtype, contrasts.dtype) else torch.float32
-    # One set of rows contrasted with itself (SupCon "all", NT-Xent, 2C without gather): E is
+    # One set of rows contrasted with itself (SupCon "all", NT-Xent without gather): E is
     # symmetric, and backward needs no product with a transposed N×K matrix (see _backward_sym).
-    symmetric = (
-        anchors is contrasts
-        and anchor_labels is None
-        and self_index is not None
-        and bool(torch.equal(self_index, torch.arange(M, device=self_index.device)))
-    )
+    # Told by the arguments alone: comparing index values would wait for the device.
+    diagonal = isinstance(self_index, str)
+    symmetric = diagonal and anchors is contrasts and anchor_labels is None
+    if diagonal:
+        self_index = torch.arange(M, device=anchors.device)  # (M,)
     with autocast_off(anchors):
         a = anchors.to(dtype)
         c = a if symmetric else contrasts.to(dtype)
-        with torch.no_grad():  # a bound on every logit; the result does not depend on it
-            bound = float(a.norm(dim=1).max() * c.norm(dim=1).max()) / temperature if M * K else 0.0
+        if not M * K:
+            bound = 0.0
+        elif norm_bound is not None:
+            bound = norm_bound / temperature
+        elif torch.compiler.is_compiling():  # no host read in a graph: the max-shifted path
+            bound = math.inf
+        else:  # measured: one device-to-host read
+            with torch.no_grad():
+                bound = float(a.norm(dim=1).max() * c.norm(dim=1).max()) / temperature
         shift = _fixed_shift(bound, dtype)
         cache = block_size is None and M * K <= DENSE_MAX_ELEMENTS
         if block_size is None:  # at least 1: with M = 0 there is no block, not a 0-row one
             block_size = max(M, 1) if cache else max(1, BLOCK_ELEMENTS // max(K, 1))
+        # the same rows (labels) on both sides go in once, as None: autograd functions under
+        # torch.compile take no tensor twice, and the gradient of both roles is then summed
         lse_all, lse_pos = _MaskedLogSumExp.apply(
-            a, c, 1.0 / temperature, shift, self_index, anchor_labels, contrast_labels,
+            a, None if c is a else c, 1.0 / temperature, shift, self_index, anchor_labels,
+            None if contrast_labels is anchor_labels else contrast_labels,
             block_size, cache, symmetric,
         )  # fmt: skip
     return LogSumExps(lse_all, lse_pos if anchor_labels is not None else None)
@@ -169,7 +203,7 @@ class _Workspace:
         self._free: dict[tuple[str, torch.dtype], Tensor] = {}
 
     def take(self, rows: int, cols: int, like: Tensor) -> Tensor:
-        if like.device.type != "cpu":
+        if like.device.type != "cpu" or torch.compiler.is_compiling():
             return like.new_empty(rows, cols)
         buffer = self._free.pop((str(like.device), like.dtype), None)
         if buffer is None or buffer.numel() < rows * cols:
@@ -177,7 +211,7 @@ class _Workspace:
         return buffer[: rows * cols].view(rows, cols)
 
     def give_back(self, view: Tensor) -> None:
-        if view.device.type != "cpu":
+        if view.device.type != "cpu" or torch.compiler.is_compiling():
             return
         buffer = view._base if view._base is not None else view
         key = (str(view.device), view.dtype)
@@ -196,7 +230,7 @@ def _shifted_exp(
     if shift == 0.0:  # the common case: one matrix product, one in-place exponential
         E = torch.mm(a[block.rows] * scale, c.T, out=out).exp_()  # (B, K)
     else:
-        bias = a.new_tensor(-shift)
+        bias = torch.full((), -shift, dtype=a.dtype, device=a.device)  # no host-to-device copy
         E = torch.addmm(bias, a[block.rows], c.T, alpha=scale, out=out).exp_()  # (B, K)
     if block.self_cols is not None:
         E.scatter_(1, block.self_cols, 0.0)
@@ -229,16 +263,18 @@ class _MaskedLogSumExp(torch.autograd.Function):
     def forward(
         ctx: Any,
         a: Tensor,
-        c: Tensor,
+        c_or_none: Tensor | None,
         scale: float,
         shift: float | None,
         self_index: Tensor | None,
         ya: Tensor | None,
-        yc: Tensor | None,
+        yc_or_none: Tensor | None,
         block_size: int,
         cache: bool,
         symmetric: bool,
     ) -> tuple[Tensor, Tensor]:
+        c = a if c_or_none is None else c_or_none
+        yc = ya if yc_or_none is None else yc_or_none
         M, K = a.shape[0], c.shape[0]
         blocks = _blocks(M, block_size, self_index, ya, yc)
         lse_all = a.new_empty(M)
@@ -266,19 +302,22 @@ class _MaskedLogSumExp(torch.autograd.Function):
                         torch.logsumexp(Lp, 1), block.positive.sum(1)
                     )
         ctx.scale, ctx.shift, ctx.block_size = scale, shift, block_size
+        ctx.same = c_or_none is None
         ctx.symmetric = symmetric and shift is not None
         # The dense path keeps its exponentials outside save_for_backward: the first backward
         # turns them into the gradient in place (no second N×K buffer); a repeated backward
         # (retain_graph=True) finds the cache gone and recomputes, like the blockwise path.
         ctx.kept = kept
-        ctx.save_for_backward(a, c, self_index, ya, yc, lse_all, lse_pos)
+        ctx.save_for_backward(a, c_or_none, self_index, ya, yc_or_none, lse_all, lse_pos)
         if ya is None:
             ctx.mark_non_differentiable(lse_pos)
         return lse_all, lse_pos
 
     @staticmethod
     def backward(ctx: Any, g_all: Tensor | None, g_pos: Tensor | None) -> tuple[Tensor | None, ...]:
-        a, c, self_index, ya, yc, lse_all, lse_pos = ctx.saved_tensors
+        a, c_or_none, self_index, ya, yc_or_none, lse_all, lse_pos = ctx.saved_tensors
+        c = a if c_or_none is None else c_or_none
+        yc = ya if yc_or_none is None else yc_or_none
         kept, ctx.kept = ctx.kept, None
         if ctx.symmetric and g_all is not None:
             grad = _backward_sym(
@@ -292,8 +331,10 @@ class _MaskedLogSumExp(torch.autograd.Function):
         if g_all is None:
             g_all = torch.zeros_like(lse_all)
         has_pos = ya is not None and g_pos is not None
-        grad_a = torch.zeros_like(a) if ctx.needs_input_grad[0] else None
-        grad_c = torch.zeros_like(c) if ctx.needs_input_grad[1] else None
+        want_a = ctx.needs_input_grad[0]
+        want_c = ctx.needs_input_grad[0] if ctx.same else ctx.needs_input_grad[1]
+        grad_a = torch.zeros_like(a) if want_a else None
+        grad_c = torch.zeros_like(c) if want_c else None
         for block in _blocks(M, ctx.block_size, self_index, ya, yc):
             r = block.rows
             # G_ik = dLoss/dL_ik = g_all_i·softmax_all_ik + g_pos_i·softmax_pos_ik
@@ -321,6 +362,9 @@ class _MaskedLogSumExp(torch.autograd.Function):
                 grad_c.addmm_(G.T, a[r], alpha=scale)  # (K, D)
         if kept is not None:
             _WORKSPACE.give_back(kept)
+        if ctx.same:  # one tensor in both roles: its gradient is the sum of both
+            both = None if grad_a is None or grad_c is None else grad_a + grad_c
+            return both, None, None, None, None, None, None, None, None, None
         return grad_a, grad_c, None, None, None, None, None, None, None, None
 
 

@@ -125,7 +125,8 @@ def sliced_wasserstein_distance(
     of them, D by default as in the notebook; more than D uses several independent orthogonal
     blocks); each projection is sorted over the batch and the mean squared difference of the
     sorted values is returned. Gradients flow to ``x`` through the sort. N = 0 gives 0 (see
-    :mod:`shared.losses.core`). ``generator`` must be on ``x``'s device.
+    :mod:`shared.losses.core`). ``generator`` must be on ``x``'s device. Inputs are not checked
+    for NaN (that would wait for the device): the training loop checks the loss.
 
     Shape:
         x, prior_samples: ``(N, D)``; result: scalar.
@@ -164,6 +165,8 @@ def generalized_contrastive_loss(
     paper. ``temperature`` only acts on ``"decoupled_nt_xent"`` and ``generator`` only on the
     sliced-Wasserstein priors (the random projection and the prior samples); it must be on the
     device of ``h1``. N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`).
+    Inputs are not checked for NaN (that would wait for the device): the training loop checks
+    the loss.
 
     Shape:
         h1, h2: ``(N, D)``; result: scalar.

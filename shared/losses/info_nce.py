@@ -20,12 +20,14 @@ from shared.distributed import gather_with_offset
 from shared.losses._checks import (
     check_block_size,
     check_features,
+    check_gather,
     check_positive,
     check_reduction,
     check_same_shape,
     reduce,
 )
 from shared.losses.core import autocast_off, masked_logsumexp
+from shared.losses.supcon import Gather
 
 __all__ = ["InfoNCELoss", "info_nce_loss", "two_view_info_nce_loss"]
 
@@ -43,7 +45,7 @@ def info_nce_loss(
     negative_keys: Tensor | None = None,
     *,
     temperature: float = DEFAULT_TEMPERATURE,
-    gather: bool = False,
+    gather: Gather = False,
     block_size: int | None = None,
     reduction: Reduction = "mean",
     in_batch: bool = False,
@@ -70,10 +72,12 @@ def info_nce_loss(
     mean and DDP's gradient averaging makes the parameter gradients those of one process with
     the whole batch. Explicit negatives are never gathered, and ``gather=True`` with them is an
     error: a :class:`MemoryQueue` already holds every rank's keys, and the per-rank loss of the
-    local queries needs nothing from other ranks.
+    local queries needs nothing from other ranks. ``gather="equal"`` promises every rank holds N
+    queries and skips the exchange of the row counts (see :func:`supcon_loss`).
 
     An empty batch (N = 0) gives 0 for ``"mean"`` and ``"sum"``, still attached to the graph
-    (backward runs, every gradient is zero), and an empty tensor for ``"none"``.
+    (backward runs, every gradient is zero), and an empty tensor for ``"none"``. Inputs are not
+    checked for NaN (that would wait for the device): the training loop checks the loss.
 
     Args:
         query: ``q_i``, e.g. the online encoder's output.
@@ -97,6 +101,7 @@ def info_nce_loss(
     check_positive(temperature, "temperature")
     check_reduction(reduction)
     check_block_size(block_size)
+    check_gather(gather)
     if in_batch and negatives is not None and negatives.ndim == 3:
         raise ValueError("in_batch=True combines with shared (K, D) negative_keys, not per-query")
     in_batch = in_batch or negatives is None
@@ -113,14 +118,18 @@ def info_nce_loss(
         k = F.normalize(positive_key.to(dtype), dim=1)  # (N, D)
         positive = (q * k).sum(1) / temperature  # (N,) the logit of each query's positive
         if in_batch:
-            k_all = gather_with_offset(k).tensor if gather else k  # (Ng, D), rank order
+            k_all = (
+                gather_with_offset(k, equal_sizes=gather == "equal").tensor if gather else k
+            )  # (Ng, D), rank order
             if negatives is not None:  # the extra negatives join the in-batch keys
                 extra = F.normalize(negatives.to(dtype), dim=-1)  # (K, D)
                 k_all = torch.cat([k_all, extra])  # (Ng + K, D)
             if N == 0:  # keep the gather (and its backward all-reduce) in the graph
                 per_query = positive + 0.0 * k_all.sum()  # (0,)
             else:  # all keys, own column included: lse − positive is the cross-entropy
-                lse = masked_logsumexp(q, k_all, temperature=temperature, block_size=block_size)
+                lse = masked_logsumexp(
+                    q, k_all, temperature=temperature, block_size=block_size, norm_bound=1.0
+                )
                 per_query = lse.all - positive  # (N,)
         else:
             assert negatives is not None  # in_batch is True without explicit negatives
@@ -135,7 +144,7 @@ def two_view_info_nce_loss(
     negatives: Tensor,
     *,
     temperature: float,
-    gather: bool = False,
+    gather: Gather = False,
     block_size: int | None = None,
 ) -> Tensor:
     """Both directions of InfoNCE with in-batch keys plus shared extra negatives, averaged.
@@ -170,7 +179,9 @@ def _explicit_negatives(
     if q.shape[0] == 0:
         return positive + 0.0 * n.sum()  # (0,), attached to every input
     if n.ndim == 2:
-        lse_negative = masked_logsumexp(q, n, temperature=temperature, block_size=block_size).all
+        lse_negative = masked_logsumexp(
+            q, n, temperature=temperature, block_size=block_size, norm_bound=1.0
+        ).all
     else:
         logits = torch.einsum("nd,nkd->nk", q, n) / temperature  # (N, K)
         lse_negative = torch.logsumexp(logits, dim=1)  # (N,), −inf when K = 0
@@ -201,18 +212,16 @@ class InfoNCELoss(nn.Module):
     def __init__(
         self,
         temperature: float = DEFAULT_TEMPERATURE,
-        gather: bool = False,
+        gather: Gather = False,
         block_size: int | None = None,
         reduction: Reduction = "mean",
         in_batch: bool = False,
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        if not isinstance(gather, bool):
-            raise ValueError(f"gather must be a bool, got {gather!r}")
         check_block_size(block_size)
         check_reduction(reduction)
-        self.gather, self.block_size = gather, block_size
+        self.gather, self.block_size = check_gather(gather), block_size
         self.reduction: Reduction = reduction
         self.in_batch = in_batch
 

@@ -13,7 +13,8 @@ __all__ = ["alignment", "uniformity"]
 
 def alignment(z1: Tensor, z2: Tensor, *, alpha: float = 2.0) -> Tensor:
     """L_align = E ‖f(x) − f(y)‖₂^α over positive pairs, on L2-normalised rows (α = 2 in the
-    paper). Lower is better aligned.
+    paper). Lower is better aligned. NaN inputs are not checked (that would wait for the
+    device): they give a NaN result.
 
     Shape:
         z1, z2: ``(N, D)``; result: scalar.
@@ -29,7 +30,8 @@ def alignment(z1: Tensor, z2: Tensor, *, alpha: float = 2.0) -> Tensor:
 def uniformity(z: Tensor, *, t: float = 2.0) -> Tensor:
     """L_uniform = log E exp(−t ‖f(x) − f(y)‖²) over distinct pairs, on L2-normalised rows
     (t = 2 in the paper). Lower is more uniform; the minimum over the sphere is reached by
-    uniformly spread points.
+    uniformly spread points. NaN inputs are not checked (that would wait for the device): they
+    give a NaN result.
 
     Shape:
         z: ``(N, D)`` with N ≥ 2; result: scalar.

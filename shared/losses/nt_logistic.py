@@ -68,7 +68,8 @@ def nt_logistic_loss(
     docstring). ``negative_weight="mean"`` (default) is w = 1/(2N − 2), so positive and negative
     terms weigh alike at any batch size; ``"sum"`` is w = 1. τ = 0.5 as for NT-Xent on CIFAR
     (SimCLR tunes τ per loss: pass the one that suits). ``normalize=False`` uses raw dot products.
-    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`).
+    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`). Inputs are not
+    checked for NaN (that would wait for the device): the training loop checks the loss.
 
     Shape:
         z1, z2: ``(N, D)``; result: scalar, or ``(N, 2)`` with ``reduction="none"`` (anchor

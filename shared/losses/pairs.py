@@ -41,7 +41,8 @@ def npairs_loss(
     anchor i over all positives with target i. Per anchor it equals SupCon with that anchor's
     single positive and the other positives as negatives (tested). Sohn uses raw embeddings with
     an L2 penalty (``normalize=False``, τ = 1); ``normalize=True`` uses cosine similarities.
-    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`).
+    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`). Inputs are not
+    checked for NaN (that would wait for the device): the training loop checks the loss.
 
     Shape:
         anchors, positives: ``(N, D)``; result: scalar, or ``(N,)`` with ``reduction="none"``.
@@ -57,7 +58,10 @@ def npairs_loss(
             if normalize
             else (_upcast(anchors), _upcast(positives))
         )
-        lse = masked_logsumexp(a, p, temperature=temperature, block_size=block_size)
+        lse = masked_logsumexp(  # raw rows: the core measures their norms (one host read)
+            a, p, temperature=temperature, block_size=block_size,
+            norm_bound=1.0 if normalize else None,
+        )  # fmt: skip
         per_anchor = lse.all - (a * p).sum(1) / temperature  # (N,)
         return reduce(per_anchor, reduction)
 
@@ -83,7 +87,8 @@ def triplet_loss(
     L2-normalised embeddings by default. Relation to SupCon (Khosla et al. 2020, Sec. 7 of the
     supplement): with one positive and one negative per anchor SupCon is
     softplus((‖a−p‖² − ‖a−n‖²)/(2τ)), so 2τ·SupCon → triplet loss with margin 0 as τ → 0 (tested).
-    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`).
+    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`). Inputs are not
+    checked for NaN (that would wait for the device): the training loop checks the loss.
 
     Shape:
         anchor, positive, negative: ``(N, D)``; result: scalar, or ``(N,)``.

@@ -11,12 +11,17 @@ step uses the queue *before* adding the current keys (Algorithm 1)::
 The pointer and the count are mirrored as Python ints, so :meth:`MemoryQueue.negatives` and
 :meth:`MemoryQueue.enqueue` never read a device tensor back to the host; loading a state dict
 refreshes the mirror.
+
+Under DDP the queue is a buffer of the wrapped model, but :func:`shared.runtime.wrap_ddp` keeps
+it out of DDP's per-forward broadcast of rank 0's buffers (``ddp_broadcast_buffers = False``):
+``enqueue`` all-gathers every rank's keys, so every rank holds the same queue already, and
+sending K×D floats from rank 0 at every forward would only cost bandwidth.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +56,8 @@ class MemoryQueue(nn.Module):
     keys: Tensor
     ptr: Tensor
     filled: Tensor
+    # wrap_ddp leaves these buffers out of DDP's broadcast: enqueue keeps the ranks equal
+    ddp_broadcast_buffers: ClassVar[bool] = False
 
     def __init__(
         self,

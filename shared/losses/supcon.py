@@ -3,7 +3,12 @@
 All of them are thin derivations of the contrastive core (:mod:`shared.losses.core`): a masked
 log-softmax over ``anchors × contrasts``. SupCon's ``L_out`` never builds an N×N positive mask:
 ``Σ_{p ∈ P(i)} s_ip = a_i · (S_{y_i} − a_i)`` with ``S_y`` the sum of the class's contrast rows,
-which costs O(N·D).
+which costs O(N·D) (:mod:`shared.losses.class_sums`).
+
+No loss here reads a tensor value back to the host (no ``.item()``, ``unique`` or value
+comparison), so a call never waits for the device and the dense path compiles whole under
+``torch.compile(fullgraph=True)``. NaN or infinite inputs are not checked (that would be such a
+read); they make the loss non-finite, which the training loops check on logging steps.
 
 Every loss here follows the empty-batch rule of :mod:`shared.losses.core`: N = 0 rows give a zero
 loss with a zero gradient (an empty per-row tensor with ``reduction="none"``).
@@ -11,7 +16,7 @@ loss with a zero gradient (an empty per-row tensor with ``reduction="none"``).
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -22,12 +27,14 @@ from shared.losses._checks import (
     check_block_size,
     check_choice,
     check_features,
+    check_gather,
     check_labels,
     check_positive,
     check_reduction,
     check_same_shape,
     reduce,
 )
+from shared.losses.class_sums import class_ids, positive_logit_sums
 from shared.losses.core import autocast_off, masked_logsumexp
 
 __all__ = [
@@ -42,6 +49,9 @@ __all__ = [
 Variant = Literal["out", "in"]
 ContrastMode = Literal["all", "one"]
 Reduction = Literal["mean", "sum", "none"]
+# False, True (every rank's rows; the row counts are exchanged, which reads them on the host) or
+# "equal" (every rank holds as many rows as this one: nothing is exchanged or read back)
+Gather: TypeAlias = bool | Literal["equal"]
 
 
 def _upcast(x: Tensor) -> Tensor:
@@ -52,28 +62,6 @@ def _upcast(x: Tensor) -> Tensor:
 def _normalize(x: Tensor) -> Tensor:
     """L2-normalise in fp32 (fp64 stays fp64): logits are never computed in half precision."""
     return F.normalize(_upcast(x), dim=-1)
-
-
-def _positive_logit_sums(
-    anchors: Tensor, contrasts: Tensor, own: Tensor, ya: Tensor, yc: Tensor, classes: int
-) -> tuple[Tensor, Tensor]:
-    """``Σ_{p ∈ P(i)} a_i·c_p`` and ``|P(i)|`` through class sums, in O((M + K)·D).
-
-    ``ya``/``yc`` are class indices in ``[0, classes)``; ``own`` holds each anchor's own contrast
-    row, which is taken out of its class sum.
-
-    Shape:
-        anchors, own: ``(M, D)``; contrasts: ``(K, D)``; results: ``(M,)`` each.
-    """
-    class_sums = contrasts.new_zeros(classes, contrasts.shape[1]).index_add(
-        0, yc, contrasts
-    )  # (C, D)
-    counts = torch.bincount(yc, minlength=classes)  # (C,)
-    if classes <= anchors.shape[1]:  # few classes: an (M, C) product beats gathering (M, D) rows
-        to_class = (anchors @ class_sums.T).gather(1, ya.unsqueeze(1)).squeeze(1)  # (M,)
-    else:
-        to_class = (anchors * class_sums[ya]).sum(1)  # (M,)
-    return to_class - (anchors * own).sum(1), counts[ya] - 1
 
 
 def _other_view_sums(z: Tensor, contrast_mode: ContrastMode) -> tuple[Tensor, Tensor]:
@@ -93,37 +81,50 @@ class _Rows(NamedTuple):
 
     anchors: Tensor  # (M, D)
     contrasts: Tensor  # (K, D), row = global sample · V + view
-    self_index: Tensor  # (M,) each anchor's own column
+    self_index: Tensor | Literal["diagonal"]  # (M,) each anchor's own column
     ya: Tensor  # (M,) class index of each anchor
     yc: Tensor  # (K,) class index of each contrast
     positive_sum: Tensor  # (M,) Σ_{p ∈ P(i)} a_i·c_p
     n_pos: Tensor  # (M,) |P(i)|, long
 
 
-def _supcon_rows(z: Tensor, y: Tensor | None, contrast_mode: ContrastMode, gather: bool) -> _Rows:
+def _per_view(per_sample: Tensor, V: int) -> Tensor:
+    """Each sample's value once per view, sample-major (``repeat_interleave`` without a sync).
+
+    Shape:
+        per_sample: ``(N,)``; result: ``(N·V,)``.
+    """
+    return per_sample.unsqueeze(1).expand(-1, V).reshape(-1)  # (N·V,)
+
+
+def _supcon_rows(z: Tensor, y: Tensor | None, contrast_mode: ContrastMode, gather: Gather) -> _Rows:
     """Anchors, contrasts (every rank's with ``gather``) and positives of normalised views.
 
     Shape:
         z: ``(N, V, D)``; y: ``(N,)``; fields: see :class:`_Rows`.
     """
     N, V, D = z.shape
-    z_all, offset = gather_with_offset(z) if gather else (z, 0)  # (Ng, V, D)
+    equal = gather == "equal"
+    z_all, offset = gather_with_offset(z, equal_sizes=equal) if gather else (z, 0)  # (Ng, V, D)
     Ng = z_all.shape[0]
     samples = torch.arange(offset, offset + N, device=z.device)  # (N,) global sample index
     if y is None:  # instance discrimination: the global sample index is the class
         ya_samples, yc_samples = samples, torch.arange(Ng, device=z.device)
     else:
-        y_all = gather_no_grad(y) if gather else y  # (Ng,)
-        uniq, yc_samples = torch.unique(y_all, return_inverse=True)  # (C,), (Ng,)
-        ya_samples, classes = yc_samples[samples], uniq.shape[0]
+        y_all = gather_no_grad(y, equal_sizes=equal) if gather else y  # (Ng,)
+        yc_samples = class_ids(y_all)  # (Ng,) in [0, C)
+        ya_samples = yc_samples[offset : offset + N]  # (N,)
     contrasts = z_all.reshape(Ng * V, D)  # (Ng·V, D), row = sample·V + view
-    yc = yc_samples.repeat_interleave(V)  # (Ng·V,)
+    yc = _per_view(yc_samples, V)  # (Ng·V,)
+    self_index: Tensor | Literal["diagonal"]
     if contrast_mode == "all":
         # local rows, sample-major; without gather the very same tensor as the contrasts,
         # which lets the core use the symmetry of the similarity matrix
         anchors = z.reshape(N * V, D) if gather else contrasts  # (N·V, D)
-        self_index = offset * V + torch.arange(N * V, device=z.device)  # (N·V,)
-        ya = ya_samples.repeat_interleave(V)  # (N·V,)
+        self_index = (
+            offset * V + torch.arange(N * V, device=z.device) if gather else "diagonal"
+        )  # (N·V,): own column
+        ya = _per_view(ya_samples, V)  # (N·V,)
     else:
         anchors = z[:, 0]  # (N, D)
         self_index = samples * V  # (N,)
@@ -136,7 +137,8 @@ def _supcon_rows(z: Tensor, y: Tensor | None, contrast_mode: ContrastMode, gathe
             if contrast_mode == "all"
             else z_all[offset : offset + N, 0]  # (N, D), a view
         )
-        positive_sum, n_pos = _positive_logit_sums(anchors, contrasts, own, ya, yc, classes)
+        # the number of samples bounds the number of classes (C itself is on the device)
+        positive_sum, n_pos = positive_logit_sums(anchors, contrasts, own, ya, yc, max(Ng, 1))
     return _Rows(anchors, contrasts, self_index, ya, yc, positive_sum, n_pos)
 
 
@@ -144,7 +146,7 @@ def _supcon_out(rows: _Rows, temperature: float, block_size: int | None) -> Tens
     """Eq. 2: ℓ_i = log Σ_{a∈A(i)} exp(s_ia/τ) − mean_{p∈P(i)} s_ip/τ.  # (M,)"""
     lse = masked_logsumexp(
         rows.anchors, rows.contrasts, temperature=temperature, self_index=rows.self_index,
-        block_size=block_size,
+        block_size=block_size, norm_bound=1.0,
     )  # fmt: skip
     return lse.all - rows.positive_sum / rows.n_pos.clamp(min=1) / temperature  # (M,)
 
@@ -153,7 +155,7 @@ def _supcon_in(rows: _Rows, temperature: float, block_size: int | None) -> Tenso
     """Eq. 3: ℓ_i = log Σ_{a∈A(i)} exp(s_ia/τ) − log mean_{p∈P(i)} exp(s_ip/τ).  # (M,)"""
     lse = masked_logsumexp(
         rows.anchors, rows.contrasts, temperature=temperature, self_index=rows.self_index,
-        anchor_labels=rows.ya, contrast_labels=rows.yc, block_size=block_size,
+        anchor_labels=rows.ya, contrast_labels=rows.yc, block_size=block_size, norm_bound=1.0,
     )  # fmt: skip
     assert lse.positive is not None
     n_pos = rows.n_pos.clamp(min=1).to(lse.all.dtype)  # (M,)
@@ -168,7 +170,7 @@ def supcon_loss(
     temperature: float = 0.1,
     variant: Variant = "out",
     contrast_mode: ContrastMode = "all",
-    gather: bool = False,
+    gather: Gather = False,
     block_size: int | None = None,
     reduction: Reduction = "mean",
 ) -> Tensor:
@@ -184,6 +186,8 @@ def supcon_loss(
     divides by them, diluting the loss); with none, the loss is 0 and its gradient is zero.
     ``reduction="none"`` returns per-anchor losses, 0 where an anchor has no positive. An empty
     batch (N = 0) gives a zero loss with a zero gradient (see :mod:`shared.losses.core`).
+    Inputs are not checked for NaN (that would wait for the device): the training loop checks
+    the loss.
 
     Args:
         features: ``V`` views of ``N`` samples, normalised inside.
@@ -191,7 +195,9 @@ def supcon_loss(
         contrast_mode: ``"all"`` uses every view as anchors, ``"one"`` only view 0.
         gather: contrast against every rank's samples (gradient-correct all-gather); the
             returned loss is this rank's share, and DDP's averaging makes the parameter
-            gradients those of one process holding the whole batch.
+            gradients those of one process holding the whole batch. ``True`` exchanges the
+            ranks' row counts (a host read); ``"equal"`` promises every rank holds N rows
+            (as under ``DistributedSampler``) and reads nothing back.
         block_size: see :func:`shared.losses.core.masked_logsumexp`.
 
     Shape:
@@ -203,6 +209,7 @@ def supcon_loss(
     check_choice(variant, ("out", "in"), "variant")
     check_choice(contrast_mode, ("all", "one"), "contrast_mode")
     check_reduction(reduction)
+    check_gather(gather)
     N, V, _ = features.shape
     y = None if labels is None else check_labels(labels, N)
     with autocast_off(features):
@@ -221,7 +228,7 @@ def nt_xent_loss(
     z2: Tensor,
     *,
     temperature: float = 0.5,
-    gather: bool = False,
+    gather: Gather = False,
     block_size: int | None = None,
     reduction: Reduction = "mean",
 ) -> Tensor:
@@ -231,7 +238,8 @@ def nt_xent_loss(
     negatives are the other 2N−2 views; the loss is the mean over the 2N anchors (the TF
     reference returns twice this value: mind it when transferring learning rates). τ = 0.5 is the
     paper's CIFAR default. Identical embeddings give log(2N−1). N = 0 gives a zero loss with a
-    zero gradient (see :mod:`shared.losses.core`).
+    zero gradient (see :mod:`shared.losses.core`). ``gather`` as for :func:`supcon_loss`. Inputs
+    are not checked for NaN (that would wait for the device): the training loop checks the loss.
 
     Shape:
         z1, z2: ``(N, D)``; result: scalar, or ``(N, 2)`` with ``reduction="none"``.
@@ -251,7 +259,7 @@ def graphcl_loss(
     z2: Tensor,
     *,
     temperature: float = 0.2,
-    gather: bool = False,
+    gather: Gather = False,
     block_size: int | None = None,
     reduction: Reduction = "mean",
 ) -> Tensor:
@@ -267,7 +275,8 @@ def graphcl_loss(
 
     N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`); N = 1 (over
     all ranks with ``gather``) raises: the lone anchor has no negative, so its denominator is
-    empty and its loss would be −∞.
+    empty and its loss would be −∞. ``gather="equal"`` as for :func:`supcon_loss`. Inputs are
+    not checked for NaN (that would wait for the device): the training loop checks the loss.
 
     Shape:
         z1, z2: ``(N, D)`` with N ≠ 1; result: scalar, or ``(N,)`` with ``reduction="none"``.
@@ -277,16 +286,20 @@ def graphcl_loss(
     check_same_shape(z1, z2, "z1 and z2")
     check_positive(temperature, "temperature")
     check_reduction(reduction)
+    check_gather(gather)
     with autocast_off(z1):
         a, c = _normalize(z1), _normalize(z2)  # (N, D) each
-        c_all, offset = gather_with_offset(c) if gather else (c, 0)  # (Ng, D), rank order
+        c_all, offset = (
+            gather_with_offset(c, equal_sizes=gather == "equal") if gather else (c, 0)
+        )  # (Ng, D), rank order
         if c_all.shape[0] == 1:
             raise ValueError("graphcl_loss needs at least 2 samples (negatives), got 1")
         # the positive column of each local anchor among all contrasts, left out
         own = offset + torch.arange(a.shape[0], device=a.device)  # (N,)
         lse = masked_logsumexp(
-            a, c_all, temperature=temperature, self_index=own, block_size=block_size
-        )
+            a, c_all, temperature=temperature, self_index=own, block_size=block_size,
+            norm_bound=1.0,
+        )  # fmt: skip
         per_anchor = lse.all - (a * c).sum(1) / temperature  # (N,)
         if gather and a.shape[0] == 0:  # keep the gather (and its backward all-reduce) in the graph
             per_anchor = per_anchor + 0.0 * c_all.sum()
@@ -301,7 +314,7 @@ class SupConLoss(nn.Module):
         temperature: float = 0.1,
         variant: Variant = "out",
         contrast_mode: ContrastMode = "all",
-        gather: bool = False,
+        gather: Gather = False,
         block_size: int | None = None,
         reduction: Reduction = "mean",
     ) -> None:
@@ -309,7 +322,7 @@ class SupConLoss(nn.Module):
         self.temperature = check_positive(temperature, "temperature")
         self.variant: Variant = variant
         self.contrast_mode: ContrastMode = contrast_mode
-        self.gather, self.block_size = gather, check_block_size(block_size)
+        self.gather, self.block_size = check_gather(gather), check_block_size(block_size)
         self.reduction: Reduction = reduction
         check_choice(variant, ("out", "in"), "variant")
         check_choice(contrast_mode, ("all", "one"), "contrast_mode")
@@ -329,13 +342,13 @@ class NTXentLoss(nn.Module):
     def __init__(
         self,
         temperature: float = 0.5,
-        gather: bool = False,
+        gather: Gather = False,
         block_size: int | None = None,
         reduction: Reduction = "mean",
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.gather, self.block_size = gather, check_block_size(block_size)
+        self.gather, self.block_size = check_gather(gather), check_block_size(block_size)
         self.reduction: Reduction = reduction
         check_reduction(reduction)
 
@@ -352,13 +365,13 @@ class GraphCLLoss(nn.Module):
     def __init__(
         self,
         temperature: float = 0.2,
-        gather: bool = False,
+        gather: Gather = False,
         block_size: int | None = None,
         reduction: Reduction = "mean",
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
-        self.gather, self.block_size = gather, check_block_size(block_size)
+        self.gather, self.block_size = check_gather(gather), check_block_size(block_size)
         self.reduction: Reduction = reduction
         check_reduction(reduction)
 

@@ -76,7 +76,7 @@ def _outputs(n: int, dim: int, classes: int, seed: int, logits: bool = False) ->
 
 
 def _two_c_loop(embedding: Tensor, proxy: Tensor, labels: Tensor, tau: float) -> float:
-    """Eq. 8 of ContraGAN written out with a Python loop (REFERENCES.md, "2C loss")."""
+    """Eq. 8 of ContraGAN (Kang & Park 2020, the 2C loss) written out with a Python loop."""
     l = F.normalize(embedding, dim=1).tolist()
     e = F.normalize(proxy, dim=1).tolist()
     y = labels.tolist()

@@ -189,7 +189,8 @@ def test_evaluate_reports_every_figure_next_to_real_vs_real(
                 "cas_acc", "intra_fd_mean"):  # fmt: skip
         assert math.isfinite(summary[key]) and math.isfinite(summary[f"real_{key}"]), key
         assert f"{key}_std" in summary and f"real_{key}_std" in summary
-    assert summary["seeds"] == 2 and 0 <= summary["extractor_test_accuracy"] <= 1
+    # the refusal above saw the accuracy below 0.95; the run with the threshold at 0 reports it
+    assert summary["seeds"] == 2 and summary["extractor_test_accuracy"] < 0.95
     report = (out / "evaluation" / "report.md").read_text()
     assert "| fd | lower |" in report and "real vs real" in report
     assert (out / "evaluation" / "plots" / "intra_class_fd.png").is_file()

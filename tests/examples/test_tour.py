@@ -25,7 +25,10 @@ def test_clae_and_loco_sections_copy_their_plots_and_report_their_numbers(tmp_pa
         clean = clae_numbers[f"imagecl_{method}_digits_m/linear_probe_accuracy"]
         robust = clae_numbers[f"imagecl_{method}_digits_m/pgd_robust_accuracy"]
         assert isinstance(clean, float) and isinstance(robust, float)
-        assert 0.0 <= clean <= 1.0 and 0.0 <= robust <= 1.0
+        # the attack (PGD-10, ε = 2/255) lowers the probe's accuracy, and the clean probe reads
+        # the digits far above chance (10 classes). Seed 0, one epoch: clean 44.4 % (CLAE) and
+        # 43.3 % (SimCLR), robust 4.2 % and 0.0 %.
+        assert robust < clean and clean > 0.3, (method, clean, robust)
         assert f"{100 * clean:.1f} | {100 * robust:.1f} |" in clae_text
     assert clae_numbers["imagecl_clae_digits_m/steps"] == 10  # one epoch of batch 128
     learned = loco_numbers["imagecl_loco_digits_m/readout_per_stage"]

@@ -7,6 +7,10 @@ import warnings
 
 import pytest
 import torch
+
+# needs the graph extra (rdkit): skipped without it, not a collection error
+pytest.importorskip("rdkit")
+
 from rdkit import Chem, rdBase
 
 # torch_geometric scripts a class at import time, which torch >= 2.10 reports as a FutureWarning

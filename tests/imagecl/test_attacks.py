@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# needs the image extra (kornia): skipped without it, not a collection error
+pytest.importorskip("kornia")
+
 from imagecl import evaluate, train
 from imagecl.attacks import fgsm_contrastive, pgd_contrastive
 from imagecl.backbones import build_backbone

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import copy
+import functools
+import io
 import json
+import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+# needs the image extra (kornia): skipped without it, not a collection error
+pytest.importorskip("kornia")
 
 from imagecl import train
 from imagecl.augment import SimCLRViews
@@ -18,6 +28,7 @@ from imagecl.backbones import Backbone, ResNetBackbone, build_backbone
 from imagecl.data import load_data
 from imagecl.evaluate import evaluate_encoder
 from imagecl.loco import (
+    LocalUpdater,
     LoCoModel,
     LoCoOutput,
     local_backward_step,
@@ -28,7 +39,10 @@ from imagecl.loco import (
 )
 from imagecl.models import ImageModel, build_head
 from imagecl.report import readout_table
+from shared.config import parse_config
 from shared.losses import nt_xent_loss
+from shared.runtime import unwrap
+from shared.updaters import OptimizerUpdater, StepContext, Updater
 
 BACKBONES = ("small_cnn", "resnet18")
 STAGE_DIMS = {"small_cnn": (8, 16, 32, 32), "resnet18": (64, 128, 256, 512)}  # small_cnn width 8
@@ -364,13 +378,221 @@ def test_train_step_smoke_with_simclr_views() -> None:
     assert set(metrics) == set(out) and torch.isfinite(metrics["loss"])
 
 
-# --- the run folder and learning ------------------------------------------------------------------
-
 CPU = torch.device("cpu")
 # the quick preset shrunk for LoCo on digits (1 channel): a width-4 small CNN, whose pooled random
 # features are weak enough for learning to show within 12 epochs of batch 64 (252 steps)
 TINY_LOCO = ["--quick", "--method", "loco", "--data", "digits", "--width", "4", "--batch-size",
              "64", "--lr", "5e-3", "--device", "cpu"]  # fmt: skip
+
+
+# --- the per-unit updater of `imagecl train`, DDP, --compile --------------------------------------
+
+
+def _one_step(updater: Updater, batch: tuple[Tensor, Tensor]) -> dict[str, Any]:
+    """One step of ``updater`` on ``batch`` (by hand: no loop, fp32 on the CPU)."""
+    return updater.step(iter([batch]), StepContext(step=1, device=CPU, dtype=None))
+
+
+def _updaters(model: LoCoModel, gather: bool) -> dict[str, OptimizerUpdater]:
+    """The per-unit updater and the single-backward one (fit's), on copies of ``model``."""
+    views = fixed_views_of
+    local, single = copy.deepcopy(model), copy.deepcopy(model)
+    return {
+        "local": LocalUpdater(
+            local, torch.optim.SGD(local.parameters(), lr=0.1), views=views, temperature=TAU,
+            gather=gather,
+        ),
+        "single": OptimizerUpdater(
+            single, torch.optim.SGD(single.parameters(), lr=0.1),
+            functools.partial(loco_train_step, views=views, temperature=TAU, gather=gather),
+        ),
+    }  # fmt: skip
+
+
+def fixed_views_of(images: Tensor) -> Tensor:
+    return images  # the "images" of these batches are already (N, 2, C, S, S) views
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_local_updater_step_equals_the_single_backward_step(config: str) -> None:
+    """One step of the per-unit updater (what `imagecl train --method loco` runs) leaves the
+    weights, running statistics and metrics of fit's single-backward step."""
+    model = make_model("small_cnn", **CONFIGS[config])
+    batch = (two_views(4), torch.zeros(4, dtype=torch.long))
+    updaters = _updaters(model, gather=False)
+    metrics = {name: _one_step(u, batch) for name, u in updaters.items()}
+    assert set(metrics["local"]) == set(metrics["single"])
+    for key, value in metrics["single"].items():
+        torch.testing.assert_close(torch.as_tensor(metrics["local"][key]), torch.as_tensor(value))
+    local, single = (unwrap(u.modules()["model"]) for u in updaters.values())
+    torch.testing.assert_close(local.state_dict(), single.state_dict())
+    assert all(p.grad is None for p in local.parameters())  # zeroed for the next step
+    assert updaters["local"].state_dict().keys() == updaters["single"].state_dict().keys()
+
+
+WORLD = 2
+
+
+def _ddp_batch() -> tuple[Tensor, Tensor]:
+    return two_views(8, seed=3).double(), torch.zeros(8, dtype=torch.long)  # (8, 2, 3, 16, 16)
+
+
+def _ddp_model(overlap: int) -> LoCoModel:
+    return make_model("small_cnn", overlap=overlap).double()
+
+
+def _ddp_worker(rank: int, port: int, queue: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        x, y = _ddp_batch()
+        rows = slice(rank * 4, rank * 4 + 4)
+        out: dict[str, Any] = {}
+        for overlap in (0, 1):
+            for mode in ("eval", "train"):
+                updaters = _updaters(_ddp_model(overlap), gather=True)
+                for name, updater in updaters.items():
+                    model = unwrap(updater.modules()["model"])
+                    model.train(mode == "train")
+                    updater.model = DistributedDataParallel(model)
+                    _one_step(updater, (x[rows], y[rows]))
+                    out[f"{overlap}-{mode}-{name}"] = model.state_dict()
+        buffer = io.BytesIO()
+        torch.save((rank, out), buffer)  # plain bytes: shared-memory tensors die with the process
+        queue.put(buffer.getvalue())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[int, dict[str, Any]]:
+    """One 2-process gloo run serves the DDP tests (spawning costs seconds)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [ctx.Process(target=_ddp_worker, args=(r, port, queue)) for r in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    results = {}
+    for _ in procs:
+        rank, out = torch.load(io.BytesIO(queue.get(timeout=300)), weights_only=True)
+        results[rank] = out
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    return results
+
+
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_local_updater_on_two_ranks_equals_one_process_on_the_whole_batch(
+    two_ranks: dict[int, dict[str, Any]], overlap: int
+) -> None:
+    """2 gloo ranks, half the batch each, negatives gathered: after one per-unit step every
+    rank holds the weights one process gets from the whole batch (batch norm in eval mode, so
+    that the statistics do not depend on the split); float64."""
+    model = _ddp_model(overlap).eval()
+    updater = _updaters(model, gather=False)["local"]
+    _one_step(updater, _ddp_batch())
+    expected = unwrap(updater.modules()["model"]).state_dict()
+    for rank in range(WORLD):
+        torch.testing.assert_close(
+            two_ranks[rank][f"{overlap}-eval-local"], expected, rtol=0, atol=1e-12
+        )
+
+
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_local_updater_on_two_ranks_equals_ddp_single_backward(
+    two_ranks: dict[int, dict[str, Any]], overlap: int
+) -> None:
+    """In train mode (per-rank batch statistics), the per-unit step with its own all-reduce
+    equals DDP's reducer on the single-backward step, on both ranks."""
+    for rank in range(WORLD):
+        got = two_ranks[rank]
+        local, single = got[f"{overlap}-train-local"], got[f"{overlap}-train-single"]
+        torch.testing.assert_close(_weights(local), _weights(single), rtol=0, atol=1e-12)
+    # and the ranks agree on every weight
+    weights = [_weights(two_ranks[rank][f"{overlap}-train-local"]) for rank in range(WORLD)]
+    torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=1e-12)
+
+
+def _weights(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The trained tensors of a state dict (batch-norm buffers are each rank's own)."""
+    return {k: v for k, v in state.items() if "running" not in k and "batches" not in k}
+
+
+def test_local_backward_step_refuses_a_ddp_wrapper() -> None:
+    class FakeDDP(DistributedDataParallel):
+        def __init__(self) -> None:  # no process group needed to test the refusal
+            nn.Module.__init__(self)
+
+    with pytest.raises(ValueError, match="LocalUpdater"):
+        local_backward_step(FakeDDP(), _ddp_batch(), views=fixed_views_of, temperature=TAU)
+
+
+# dynamo reads .grad of the non-leaf inputs of a unit's modules (LoCo's decoder stage, the heads):
+# silent in a normal run, an error under this suite's warnings-as-errors
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_compile_units_compiles_what_the_per_unit_path_runs() -> None:
+    """``compile_units`` compiles every stage, decoder and head in place: the per-unit step runs
+    compiled graphs, the gradients and the state-dict keys are those of the plain model."""
+    calls: list[int] = []  # one entry per run of a compiled graph
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            calls.append(1)
+            return gm.forward(*args)
+
+        return run
+
+    plain = make_model("small_cnn", overlap=1, decoder_depth=1)
+    compiled = copy.deepcopy(plain)
+    compiled.compile_units(backend=backend)
+    assert list(compiled.state_dict()) == list(plain.state_dict())
+    batch = (two_views(4), torch.zeros(4, dtype=torch.long))
+    try:
+        for model in (plain, compiled):
+            local_backward_step(model, batch, views=fixed_views_of, temperature=TAU)
+    finally:
+        torch._dynamo.reset()
+    # each call of a stage (own or shared), decoder and head ran compiled graphs
+    modules_called = len(compiled.stages) + sum(len(u.decoder) + 2 for u in compiled.units)
+    assert len(calls) >= modules_called
+    grads = dict(compiled.named_parameters())
+    for name, param in plain.named_parameters():
+        torch.testing.assert_close(grads[name].grad, param.grad, msg=name)
+
+
+def test_train_build_compiles_the_loco_units() -> None:
+    """`imagecl train --method loco --compile` compiles the modules its step calls."""
+    argv = [*TINY_LOCO, "--compile"]
+    cfg = parse_config(train.Config, argv, prog="imagecl train", presets={"quick": train.QUICK})
+    built = train.build(cfg, device=CPU)
+    loco = unwrap(built.model)
+    assert isinstance(loco, LoCoModel)
+    for module in (*loco.stages, *loco.decoders, *loco.heads):
+        assert module._compiled_call_impl is not None
+
+
+def test_imagecl_train_loco_steps_through_the_local_updater(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's LoCo steps are the per-unit updater's (local learning's memory)."""
+    steps: list[int] = []
+    original = LocalUpdater.step
+
+    def spy(self: LocalUpdater, batches: Any, ctx: StepContext) -> dict[str, Any]:
+        steps.append(ctx.step)
+        return original(self, batches, ctx)
+
+    monkeypatch.setattr(LocalUpdater, "step", spy)
+    train.main([*TINY_LOCO, "--max-steps", "2", "--out", str(tmp_path / "run")])
+    assert steps == [1, 2]
+
+
+# --- the run folder and learning ------------------------------------------------------------------
 
 
 def test_loco_run_plots_and_reports_the_readout_of_every_stage(tmp_path: Path) -> None:

@@ -12,6 +12,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+# needs the image extra (kornia): skipped without it, not a collection error
+pytest.importorskip("kornia")
+
 from imagecl import evaluate, finetune, train
 from imagecl.backbones import build_backbone
 from imagecl.data import load_data
@@ -54,7 +57,9 @@ def test_each_method_trains_and_writes_its_run_folder(
                  "plots/tsne_h.png"):  # fmt: skip
         assert name in files, name
     assert summary["steps"] == 3
-    assert 0.0 <= summary["linear_probe_accuracy"] <= 1.0
+    # the probe reads the labels: far above chance (10 classes) even for a barely trained
+    # encoder (3 steps, seed 0: 0.43-0.44 on digits-m, 0.93 on digits)
+    assert summary["linear_probe_accuracy"] > 0.3
     assert json.loads((out / "summary.json").read_text())["method"] == method
     rows = (out / "metrics.csv").read_text().splitlines()
     assert len(rows) == 4 and "probe_acc" in rows[0]  # header + 3 steps, online probe on
@@ -62,7 +67,7 @@ def test_each_method_trains_and_writes_its_run_folder(
 
 def test_eval_and_finetune_read_a_training_run(tmp_path: Path) -> None:
     run = tmp_path / "simclr"
-    _train(run, "--data", "digits-m", "--max-steps", "2")
+    trained = _train(run, "--data", "digits-m", "--max-steps", "2")
     checkpoint = str(run / "checkpoints" / "last.pt")
     numbers = evaluate.main(
         ["--checkpoint", checkpoint, "--device", "cpu", "--severities", "1", "5",
@@ -73,14 +78,23 @@ def test_eval_and_finetune_read_a_training_run(tmp_path: Path) -> None:
     for key in expected:
         assert key in numbers, key
     assert set(numbers["corruption_accuracy"]) == set(evaluate.CORRUPTIONS)
+    # the same encoder, data and probe seed as the training run's own evaluation
+    assert numbers["linear_probe_accuracy"] == trained["linear_probe_accuracy"]
+    table = [acc for per in numbers["corruption_accuracy"].values() for acc in per]
+    assert numbers["corruption_mean_accuracy"] == pytest.approx(sum(table) / len(table), abs=1e-4)
     assert "plots/corruption_accuracy.png" in _run_files(tmp_path / "eval")
     result = finetune.main(
         ["--checkpoint", checkpoint, "--device", "cpu", "--label-fraction", "0.1",
          "--steps", "3", "--out", str(tmp_path / "ft")]
     )  # fmt: skip
-    counts = torch.bincount(load_data("digits-m", seed=0).train.labels)
+    data = load_data("digits-m", seed=0)
+    counts = torch.bincount(data.train.labels)
     assert result["labels"] == sum(max(1, round(0.1 * int(n))) for n in counts)
-    assert 0 <= result["finetuned_accuracy"] <= 1 and 0 <= result["scratch_accuracy"] <= 1
+    # both are scored on the whole test split: a whole number of its images. (No learning
+    # margin at this budget: seed 0 gives 0.10 and 0.11 after 3 steps, 0.14 and 0.15 after 20.)
+    for key in ("finetuned_accuracy", "scratch_accuracy"):
+        correct = result[key] * len(data.test)
+        assert correct == pytest.approx(round(correct), abs=1e-6) and correct >= 1, key
 
 
 def test_label_subset_is_class_balanced_and_seeded() -> None:
@@ -227,8 +241,11 @@ def test_two_gloo_ranks_train_with_gathered_negatives(tmp_path: Path) -> None:
 def test_loco_trains_and_reads_out_every_stage(tmp_path: Path, extra: list[str]) -> None:
     out = tmp_path / "loco"
     summary = _train(out, "--method", "loco", "--data", "digits", "--max-steps", "2", *extra)
+    # the last stage's readout is the backbone's h, probed once; every stage reads the digits
+    # far above chance (10 classes; LoCo, 2 steps, seed 0: 0.86, 0.93, 0.93, 0.93)
+    assert summary["stage3_probe_accuracy"] == summary["linear_probe_accuracy"]
     for stage in range(4):
-        assert 0 <= summary[f"stage{stage}_probe_accuracy"] <= 1
+        assert summary[f"stage{stage}_probe_accuracy"] > 0.5, stage
     header = (out / "metrics.csv").read_text().splitlines()[0]
     assert "unit0_loss" in header  # one loss per local unit (one unit end to end)
     with pytest.raises(ValueError, match="loco trains 2 views"):

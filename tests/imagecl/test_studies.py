@@ -17,14 +17,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+# needs the image extra (kornia): skipped without it, not a collection error
+pytest.importorskip("kornia")
+
 from imagecl import cli, train
 from imagecl.augment import to_float
 from imagecl.data import load_data
 from imagecl.losses import margin_triplet_loss, nt_xent, simclr_loss
 from imagecl.studies import STUDIES, runner
 from imagecl.studies.augmentations import OPS, BranchViews
-from imagecl.studies.tau_lambda import spearman
 from shared.losses import nt_xent_loss, triplet_loss
+from shared.runs import RunDir
 
 F64 = torch.float64
 # two cells (plus the random-init baseline) of a few steps of batch 32 each
@@ -222,8 +225,8 @@ def test_every_study_runs_a_tiny_grid_and_writes_its_folder(tmp_path: Path, name
     for row in rows:
         result = json.loads((out / "cells" / row["cell"] / "result.json").read_text())
         assert result["status"] == "ok" and result["metrics"]
-        for value in result["metrics"].values():
-            assert 0.0 <= value <= 1.0
+        # results.csv holds exactly what each cell measured, every number in its own column
+        assert {name: float(row[name]) for name in result["metrics"]} == result["metrics"]
         assert not (out / "cells" / row["cell"] / "checkpoints").exists()  # weights dropped
 
 
@@ -272,13 +275,35 @@ def test_the_report_warns_when_no_cell_beats_the_random_init_encoder() -> None:
     assert "beats it" not in runner._baseline_note(cells, {"probe_acc": 0.32})
 
 
-def test_cell_keys_and_spearman() -> None:
+def test_cell_keys() -> None:
     assert runner.cell_key({"tau": 0.1, "lam": 2.0, "loss": "nt_xent"}) == (
         "tau=0.1_lam=2_loss=nt_xent"
     )
-    assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
-    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
-    assert math.isnan(spearman([1.0], [2.0]))
+
+
+def _tau_lambda_finding(best_lam: dict[float, float], tmp_path: Path) -> str:
+    """The tau-lambda finding for cells where λ = best_lam[τ] scores 60 % and the others 40 %."""
+    from imagecl.studies import tau_lambda
+
+    cells = [
+        runner.CellResult(f"{tau}-{lam}", {"tau": tau, "lam": lam},
+                          {"probe_acc": 0.6 if lam == best else 0.4}, "ok")
+        for tau, best in best_lam.items() for lam in (0.5, 2.0)
+    ]  # fmt: skip
+    return tau_lambda.summarise(cells, {"probe_acc": 0.3}, RunDir(tmp_path))["Finding"]
+
+
+def test_tau_lambda_ranks_best_lambda_against_tau_with_tied_ranks(tmp_path: Path) -> None:
+    # best λ (2, 2, 0.5) has a tie: mean ranks (2.5, 2.5, 1) against τ's (1, 2, 3) give
+    # ρ = -1.5 / sqrt(2 · 1.5) = -0.866 (ordinal ranks would give -0.5 or -1)
+    finding = _tau_lambda_finding({0.1: 2.0, 0.2: 2.0, 0.5: 0.5}, tmp_path)
+    assert "Spearman ρ(τ, best λ) = -0.87: the paper's inverse relation reproduces" in finding
+    rising = _tau_lambda_finding({0.1: 0.5, 0.5: 2.0}, tmp_path)
+    assert "ρ(τ, best λ) = 1.00: the paper's inverse relation does not reproduce" in rising
+    # every τ prefers the same λ, or a single τ: no ranking, no warning (warnings are errors)
+    for best_lam in ({0.1: 2.0, 0.2: 2.0}, {0.1: 2.0}):
+        finding = _tau_lambda_finding(best_lam, tmp_path)
+        assert "= nan: the τ–λ relation cannot be read from these cells" in finding
 
 
 def test_the_cli_lists_and_dispatches_studies(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,9 @@ import pytest
 import torch
 from torch import Tensor
 
+# needs the image extra (kornia): skipped without it, not a collection error
+pytest.importorskip("kornia")
+
 from imagecl.augment import SimCLRViews, ViewConfig
 from imagecl.data import TensorImageDataset, load_data
 from imagecl.suppression import DigitOverlay, RandBits, split_seed, wrap_image_data

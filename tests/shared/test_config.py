@@ -11,7 +11,14 @@ from typing import Literal
 import pytest
 import yaml
 
-from shared.config import config_to_dict, load_config, parse_config, save_config
+from shared.config import (
+    FieldNote,
+    config_to_dict,
+    field_notes,
+    load_config,
+    parse_config,
+    save_config,
+)
 
 
 @dataclass(frozen=True)
@@ -223,6 +230,64 @@ def test_help_lists_fields(capsys: pytest.CaptureFixture[str]) -> None:
     assert "A demo pipeline config." in out and "second paragraph" not in out
     assert "--no-augment" in out and "{sgd,adam,lars}" in out
     assert "CE smoothing (default: 0.0)" in out and "--data-dir" in out
+
+
+@dataclass(frozen=True)
+class Documented:
+    """A config whose help sits next to its fields."""
+
+    # group: run
+    seed: int = 0  # random seed; any integer >= 0
+    # group: data
+    data_root: Path = Path("data")
+    """the folder of the images,
+    read once"""
+    image_size: int = 32  # ignored: the docstring below wins
+    "image side in pixels, >= 1"
+    # group: optimisation
+    lr: float = field(default=0.1, metadata={"help": "learning rate, > 0 (metadata wins)"})
+    # group: extras
+    notes: str = ""
+    undocumented: int = 3
+
+    def __post_init__(self) -> None:
+        """A method: neither a field nor a docstring of one."""
+
+
+@dataclass(frozen=True)
+class Child(Documented):
+    width: int = 8  # channels of the first layer, >= 1
+
+
+def test_help_is_read_next_to_each_field() -> None:
+    notes = field_notes(Documented)
+    assert notes["seed"] == FieldNote("random seed; any integer >= 0", "run")
+    assert notes["data_root"] == FieldNote("the folder of the images, read once", "data")
+    assert notes["image_size"] == FieldNote("image side in pixels, >= 1", "data")
+    assert notes["lr"] == FieldNote("learning rate, > 0 (metadata wins)", "optimisation")
+    assert notes["notes"] == FieldNote("", "extras") and "undocumented" in notes
+    inherited = field_notes(Child)
+    assert inherited["width"] == FieldNote("channels of the first layer, >= 1", "")
+    assert inherited["seed"] == notes["seed"]  # read from the base class's source
+
+
+def test_help_spells_each_flag_once_and_groups_the_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(Documented, ["--help"], prog="documented")
+    out = capsys.readouterr().out
+    assert "--data_root" not in out and out.count("  --data-root PATH") == 1
+    assert "the folder of the images, read once (default: data)" in out
+    assert "--seed INT " in out and "--config FILE" in out
+    # the canonical groups in their order (data, optimisation, run), then the others
+    headings = [line for line in out.splitlines() if line.endswith(":") and " " not in line]
+    assert headings == ["options:", "data:", "optimisation:", "run:", "extras:"]
+    assert "--undocumented INT  (default: 3)" in out
+    with pytest.raises(SystemExit):
+        parse_config(Documented, ["--data_root", "x"])  # one spelling: dashes
+    assert "unrecognized arguments: --data_root" in capsys.readouterr().err
+    assert parse_config(Documented, ["--data-root", "x"]).data_root == Path("x")
 
 
 def test_a_preset_sets_defaults_below_file_and_flags(tmp_path: Path) -> None:

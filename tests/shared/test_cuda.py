@@ -198,7 +198,7 @@ CASES: dict[str, Case] = {
             z[:, :D],
             z[:, :D],
             temperature=0.5,
-            self_index=torch.arange(N, device=z.device),
+            self_index="diagonal",
             block_size=b,
         ).all.mean()
     ),

@@ -15,8 +15,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from shared.distributed import all_reduce_mean, gather_with_grad, gather_with_offset
+from shared.distributed import (
+    all_reduce_mean,
+    gather_no_grad,
+    gather_with_grad,
+    gather_with_offset,
+)
 from shared.losses import (
     MemoryQueue,
     conditional_contrastive_loss,
@@ -25,6 +31,7 @@ from shared.losses import (
     nt_xent_loss,
     supcon_loss,
 )
+from tests.sync_counts import count_syncs
 
 N, D_IN, D = 12, 6, 4
 WORLD = 2
@@ -40,7 +47,7 @@ def _model() -> nn.Module:
     return nn.Linear(D_IN, 2 * D).double()
 
 
-def _losses(out: Tensor, labels: Tensor, gather: bool) -> dict[str, Tensor]:
+def _losses(out: Tensor, labels: Tensor, gather: bool | str) -> dict[str, Tensor]:
     """Every gather-capable loss on the outputs of one linear layer."""
     return {
         "nt_xent": nt_xent_loss(out[:, :D], out[:, D:], temperature=0.5, gather=gather),
@@ -85,6 +92,22 @@ def _worker(rank: int, port: int, queue: Any) -> None:
             weight_grad = model.module.weight.grad
             assert weight_grad is not None and x_leaf.grad is not None
             results[name] = (all_reduce_mean(loss).item(), weight_grad.clone(), x_leaf.grad.clone())
+        # gather="equal": both ranks hold N / 2 rows, so the sizes need no exchange
+        equal: dict[str, tuple[Tensor, Tensor, int]] = {}
+        for name in results:
+            x_leaf = x[rows].clone().requires_grad_()
+            out = _model()(x_leaf)
+            with count_syncs() as syncs:
+                loss = _losses(out, labels[rows], gather="equal")[name]
+                loss.backward()
+            assert x_leaf.grad is not None
+            equal[name] = (loss.detach(), x_leaf.grad.clone(), sum(syncs.values()))
+        collectives = []
+        for equal_sizes in (True, False):
+            with _CountCollectives() as counted, count_syncs() as syncs:
+                gather_with_offset(torch.zeros(3, 2, requires_grad=True), equal_sizes=equal_sizes)
+                gather_no_grad(torch.zeros(3), equal_sizes=equal_sizes)
+            collectives.append((counted.calls, sum(syncs.values())))
         # ranks with different numbers of rows: the gather pads and cuts
         n_local = 2 + rank
         local = torch.full((n_local, 3), float(rank), requires_grad=True)
@@ -107,10 +130,22 @@ def _worker(rank: int, port: int, queue: Any) -> None:
         held += (empty_loss.detach(), empty_q.detach(), empty_k.grad.clone())
         # plain bytes: tensors sent as shared memory would die with this process
         buffer = io.BytesIO()
-        torch.save((rank, results, uneven, held), buffer)
+        torch.save((rank, results, uneven, held, equal, collectives), buffer)
         queue.put(buffer.getvalue())
     finally:
         dist.destroy_process_group()
+
+
+class _CountCollectives(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the ``torch.distributed`` collectives (``c10d`` ops) issued inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.calls = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls += str(func.namespace) == "c10d"
+        return func(*args, **(kwargs or {}))
 
 
 def _free_port() -> int:
@@ -156,6 +191,23 @@ def test_gather_losses_equal_the_single_process_run_on_the_whole_batch(
             assert torch.allclose(weight_grad, full_weight_grad, atol=1e-12), name
             # each rank's inputs carry WORLD × their slice, which DDP's 1/WORLD cancels
             assert torch.allclose(x_grad, WORLD * full_x_grad[rows], atol=1e-12), name
+
+
+def test_equal_sizes_gather_skips_the_size_exchange_and_gives_the_same_losses(
+    per_rank: dict[int, Any],
+) -> None:
+    for rank in range(WORLD):
+        results, equal, collectives = per_rank[rank][0], *per_rank[rank][3:]
+        assert set(equal) == set(results)
+        for name, (loss, x_grad, syncs) in equal.items():
+            _, _, exchanged_x_grad = results[name]
+            # the loss is this rank's share, the input gradient its slice (no DDP here)
+            assert torch.allclose(x_grad, exchanged_x_grad, atol=1e-12), name
+            assert torch.isfinite(loss), name
+            assert syncs == 0, name  # no size exchange, nothing read back
+        # two gathers: one collective each with equal sizes, one more each for the sizes
+        (equal_calls, equal_syncs), (exchanged_calls, _) = collectives
+        assert (equal_calls, exchanged_calls, equal_syncs) == (2, 4, 0)
 
 
 def test_gather_with_uneven_batches_pads_and_cuts(per_rank: dict[int, Any]) -> None:

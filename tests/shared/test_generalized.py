@@ -542,15 +542,14 @@ def test_metrics_bad_input() -> None:
         alignment(z, z[:3])
     bad = z.clone()
     bad[1, 2] = float("nan")
-    with pytest.raises(ValueError, match="z2 holds 1 NaN"):
-        alignment(z, bad)
+    # values are not read (a host wait): NaN in, NaN out, and the loop checks the loss
+    assert torch.isnan(alignment(z, bad))
     for alpha in (0.0, -1.0, float("inf")):
         with pytest.raises(ValueError, match="alpha must be a finite number > 0"):
             alignment(z, z, alpha=alpha)
     with pytest.raises(ValueError, match="z must have 2 dims"):
         uniformity(z.unsqueeze(0))
-    with pytest.raises(ValueError, match="z holds 1 NaN"):
-        uniformity(bad)
+    assert torch.isnan(uniformity(bad))
     with pytest.raises(ValueError, match="at least 2 rows"):
         uniformity(z[:1])
     for t in (0.0, -2.0, float("nan")):
@@ -573,12 +572,11 @@ def test_loss_bad_input_raises_value_error_naming_the_problem() -> None:
         generalized_contrastive_loss(h, torch.randn(4, 2, dtype=F64))
     nan = h.clone()
     nan[0, 0] = float("nan")
-    with pytest.raises(ValueError, match="h1 holds 1 NaN"):
-        generalized_contrastive_loss(nan, h)
+    # values are not read (a host wait): NaN in, NaN out, and the loop checks the loss
+    assert torch.isnan(generalized_contrastive_loss(nan, h))
     inf = h.clone()
     inf[2, 1] = float("inf")
-    with pytest.raises(ValueError, match="h2 holds 1 NaN or infinite"):
-        generalized_contrastive_loss(h, inf)
+    assert not torch.isfinite(generalized_contrastive_loss(h, inf))
     with pytest.raises(ValueError, match="h1 must be a floating tensor"):
         generalized_contrastive_loss(torch.ones(4, 3, dtype=torch.long), h)
     with pytest.raises(ValueError, match="prior must be one of"):
@@ -605,8 +603,8 @@ def test_swd_and_prior_bad_input() -> None:
         sliced_wasserstein_distance(x, x[0])
     nan = x.clone()
     nan[0, 0] = float("nan")
-    with pytest.raises(ValueError, match="x holds 1 NaN"):
-        sliced_wasserstein_distance(nan, x)
+    # values are not read (a host wait): NaN in, NaN out, and the loop checks the loss
+    assert torch.isnan(sliced_wasserstein_distance(nan, x))
     for p in (0, -2):
         with pytest.raises(ValueError, match="num_projections must be >= 1"):
             sliced_wasserstein_distance(x, x, num_projections=p)

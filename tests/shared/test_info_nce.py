@@ -292,8 +292,8 @@ def test_bad_input_raises_value_error_naming_the_problem() -> None:
         info_nce_loss(q, k, queue.long())
     bad = k.clone()
     bad[2, 1] = float("nan")
-    with pytest.raises(ValueError, match="positive_key holds 1 NaN"):
-        info_nce_loss(q, bad)
+    # values are not read (a host wait): NaN in, NaN out, and the loop checks the loss
+    assert torch.isnan(info_nce_loss(q, bad))
     for tau in (0.0, -1.0, float("inf")):
         with pytest.raises(ValueError, match="temperature must be"):
             info_nce_loss(q, k, temperature=tau)

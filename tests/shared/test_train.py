@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from shared.checkpoint import load_checkpoint
+from shared.losses import MemoryQueue
 from shared.runs import RunDir
 from shared.runtime import (
     DistEnv,
@@ -233,6 +234,56 @@ def test_check_finite() -> None:
         check_finite(float("nan"), "lr", 1)
 
 
+def _nan_at(step: int, then: Callable[[], None] | None = None) -> Callable[..., dict[str, Tensor]]:
+    """``_mse_step`` whose loss is NaN from call ``step`` on; ``then()`` runs on later calls."""
+    calls = iter(range(1, 10**6))
+
+    def diverging_step(model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        out, call = _mse_step(model, batch), next(calls)
+        if then is not None and call > step:
+            then()
+        return {"loss": out["loss"] * float("nan")} if call >= step else out
+
+    return diverging_step
+
+
+def test_a_nan_between_logging_steps_is_named_at_the_next_one(tmp_path: Path) -> None:
+    """The flag is read on logging and checkpoint steps only, but names the step it went bad."""
+    run = RunDir.create("t", "nan", root=tmp_path)
+    cfg = LoopConfig(max_steps=10, log_every=5, checkpoint_every=2, progress=False)
+    with pytest.raises(FloatingPointError, match="loss is nan at step 3; training stopped"):
+        _fit(run, cfg, train_step=_nan_at(3), evaluate=None)
+    ckpt = load_checkpoint(run.last_checkpoint)
+    assert ckpt["step"] == 2  # the step-4 checkpoint read the flag first and was not written
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    assert _metrics(run) == []  # step 5's row never came
+
+
+def test_an_error_after_an_unread_nan_names_the_nan(tmp_path: Path) -> None:
+    """A step that fails because of an earlier NaN reports the NaN, not its symptom."""
+
+    def fail() -> None:
+        raise ValueError("features contain NaN")
+
+    run = RunDir.create("t", "nan", root=tmp_path)
+    cfg = LoopConfig(max_steps=10, log_every=5, progress=False)
+    with pytest.raises(FloatingPointError, match="loss is nan at step 2") as raised:
+        _fit(run, cfg, train_step=_nan_at(2, then=fail), evaluate=None)
+    assert isinstance(raised.value.__context__, ValueError)
+
+
+def test_a_steady_step_of_the_loop_reads_nothing_on_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between logging steps neither the loss check nor clipping waits for the device."""
+    from tests.test_pipeline_syncs import _counted
+
+    cfg = LoopConfig(max_steps=4, log_every=4, clip_grad_norm=1.0, progress=False)
+    run = RunDir.create("t", "syncs", root=tmp_path)
+    counts = _counted(monkeypatch, lambda: _fit(run, cfg, train_step=_mse_step, evaluate=None))
+    assert counts == {}
+
+
 def _linear_after_one_step(tmp_path: Path, name: str, batch_size: int, accum: int) -> Tensor:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
@@ -419,6 +470,98 @@ def test_ddp_two_ranks_equal_one_process(tmp_path: Path) -> None:
             written[name], ranks[0][name]
         )
     assert len(_metrics(ddp_run)) == 4  # 2 epochs of 2 steps, written by rank 0 only
+
+
+# A NaN on one rank: every rank raises the same error at the same step.
+
+
+def _ddp_nan_worker(rank: int, port: int, folder: str) -> None:
+    env = _join(rank, port)
+    try:
+        torch.manual_seed(0)
+        model = wrap_ddp(nn.Linear(4, 1), env)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+        loader = make_loader(_data(16), 2, shuffle=True, seed=0, dist=env)
+        step = _nan_at(2) if rank == 1 else _mse_step  # only rank 1 sees a NaN
+        cfg = LoopConfig(max_steps=4, log_every=3, progress=False)
+        run = RunDir(Path(folder) / "nan")
+        try:
+            fit(model, optimizer, loader, step, loop_cfg=cfg, run_dir=run, device=CPU,
+                dist_env=env)  # fmt: skip
+        except FloatingPointError as error:
+            (Path(folder) / f"error{rank}.txt").write_text(str(error))
+    finally:
+        cleanup_distributed()
+
+
+def test_ddp_a_nan_on_one_rank_stops_every_rank_with_the_same_error(tmp_path: Path) -> None:
+    RunDir.create("t", "nan", root=tmp_path)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    folder = tmp_path / "t"
+    procs = [ctx.Process(target=_ddp_nan_worker, args=(r, port, str(folder))) for r in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [proc.exitcode for proc in procs] == [0] * WORLD
+    errors = [(folder / f"error{r}.txt").read_text() for r in range(WORLD)]
+    assert errors[0] == errors[1]
+    assert errors[0].startswith("loss is nan at step 2 on rank 1; training stopped")
+
+
+# The MemoryQueue under DDP: all-gathered by enqueue, never broadcast from rank 0.
+
+
+class _QueueNet(nn.Module):
+    """A linear layer, a buffer (which DDP broadcasts) and a MemoryQueue (which it must not)."""
+
+    marker: Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.register_buffer("marker", torch.zeros(3))
+        self.queue = MemoryQueue(8, 3, normalize=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.linear(x)  # (B, 3)
+        return out
+
+
+def _ddp_queue_worker(rank: int, port: int, folder: str) -> None:
+    env = _join(rank, port)
+    try:
+        torch.manual_seed(0)
+        inner = _QueueNet()
+        model = wrap_ddp(inner, env)
+        with torch.no_grad():  # rank-local values written behind DDP's back
+            inner.marker.fill_(rank + 1.0)
+            inner.queue.keys.fill_(10.0 * (rank + 1))
+        model(torch.randn(2, 4)).sum().backward()  # DDP broadcasts rank 0's buffers here
+        after_forward = {"marker": inner.marker.clone(), "keys": inner.queue.keys.clone()}
+        inner.queue.load_state_dict(_QueueNet().queue.state_dict())  # empty again
+        inner.queue.enqueue(torch.full((2, 3), rank + 1.0))  # each rank its own keys
+        out = {**after_forward, "queue": inner.queue.negatives()}
+        torch.save(out, Path(folder) / f"queue{rank}.pt")
+    finally:
+        cleanup_distributed()
+
+
+def test_ddp_leaves_the_memory_queue_out_of_the_buffer_broadcast(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_ddp_queue_worker, args=(r, port, str(tmp_path))) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [proc.exitcode for proc in procs] == [0] * WORLD
+    out = [torch.load(tmp_path / f"queue{r}.pt", weights_only=True) for r in range(WORLD)]
+    assert torch.equal(out[1]["marker"], torch.full((3,), 1.0))  # other buffers: rank 0's
+    assert torch.equal(out[1]["keys"], torch.full((8, 3), 20.0))  # the queue: never sent
+    expected = torch.tensor([[1.0] * 3] * 2 + [[2.0] * 3] * 2)  # (4, 3) rank 0's keys first
+    assert torch.equal(out[0]["queue"], expected) and torch.equal(out[1]["queue"], expected)
 
 
 # Resume under DDP: every rank continues its own random stream.

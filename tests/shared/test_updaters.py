@@ -34,7 +34,9 @@ from shared.train import (
     fit,
     fit_updater,
 )
+from shared.updaters import FiniteGuard
 from tests.shared.test_train import WORLD, _free_port, _join
+from tests.sync_counts import count_syncs
 
 CPU = torch.device("cpu")
 
@@ -53,7 +55,8 @@ class ToyGanUpdater(Updater):
         self.g_opt = torch.optim.Adam(g.parameters(), lr=0.01, betas=(0.5, 0.999))
         self.d_opt = torch.optim.Adam(d.parameters(), lr=0.01, betas=(0.5, 0.999))
         self.d_sched = torch.optim.lr_scheduler.StepLR(self.d_opt, step_size=2, gamma=0.5)
-        self.ema = AveragedModel(unwrap(g), multi_avg_fn=get_ema_multi_avg_fn(0.9))
+        average = get_ema_multi_avg_fn(0.9)  # type: ignore[no-untyped-call]
+        self.ema = AveragedModel(unwrap(g), multi_avg_fn=average)
         self.batches_per_step, self.ema_start = n_dis, ema_start
         self.d_calls = 0
 
@@ -285,7 +288,7 @@ def test_fit_updater_refuses_the_loops_own_accumulation_and_clashing_keys(
 def test_a_nan_in_any_loss_names_it(tmp_path: Path) -> None:
     g, d = _nets()
     with torch.no_grad():
-        unwrap(g)[0].weight.fill_(float("nan"))
+        next(unwrap(g).parameters()).fill_(float("nan"))  # the first layer's weight
     with pytest.raises(FloatingPointError, match="d_loss is nan at step 1"):
         fit_updater(
             ToyGanUpdater(g, d),
@@ -294,6 +297,40 @@ def test_a_nan_in_any_loss_names_it(tmp_path: Path) -> None:
             run_dir=RunDir.create("t", "nan", root=tmp_path),
             device=CPU,
         )
+
+
+def test_a_step_run_by_hand_checks_at_once() -> None:
+    ctx = StepContext(7, CPU, None)  # no guard: outside the loop
+    with pytest.raises(FloatingPointError, match="g_loss is nan at step 7"):
+        ctx.check(torch.tensor(float("nan")), "g_loss")
+
+
+def test_the_guard_records_on_the_device_and_names_the_first_bad_value() -> None:
+    guard = FiniteGuard(CPU)
+    values = [
+        (1, "d_loss", torch.tensor(0.5)),
+        (2, "z", torch.tensor([1.0, float("inf")])),  # the first bad one: a tensor
+        (3, "g_loss", torch.tensor(float("nan"))),
+    ]
+    with count_syncs() as syncs:
+        for step, name, value in values[:1]:
+            StepContext(step, CPU, None, guard=guard).check(value, name)
+    assert syncs == {}
+    guard.raise_if_bad()  # all finite so far
+    with count_syncs() as syncs:
+        for step, name, value in values[1:]:
+            StepContext(step, CPU, None, guard=guard).check(value, name)
+    assert syncs == {}
+    with pytest.raises(FloatingPointError, match="z is a tensor with non-finite entries at step 2"):
+        guard.raise_if_bad()
+
+    later = FiniteGuard(CPU)
+    later.observe(torch.tensor(float("-inf"), dtype=torch.bfloat16), "loss", 4)
+    later.observe(torch.tensor(float("nan")), "loss", 5)
+    with pytest.raises(FloatingPointError, match="loss is -inf at step 4"):
+        later.raise_if_bad(collective=False)
+    with pytest.raises(ValueError, match="steps are counted from 1"):
+        later.observe(torch.tensor(1.0), "loss", 0)
 
 
 # Distributed: G and D wrapped in DDP on 2 gloo ranks; evaluation runs on rank 0 alone.
