@@ -783,17 +783,10 @@ def _verdict(value: float | None, target: float, above: bool) -> str:
     return "meets" if (value >= target if above else value < target) else "MISSES"
 
 
-def render(report: dict[str, Any]) -> str:
-    """The markdown report: environment, throughput, losses, host syncs, tests, part status."""
-    parts = report["parts"]
+Results = Callable[[str], dict[str, Any]]  # part name -> its result (empty if it did not run)
 
-    def result(name: str) -> dict[str, Any]:
-        found: dict[str, Any] = parts.get(name, {}).get("result", {})
-        return found
 
-    lines = [f"# GPU check: {report['environment']['mode']}", "", "## Environment", ""]
-    lines += [f"- {key}: {value}" for key, value in report["environment"].items()]
-    lines += ["", "## Throughput", ""]
+def _throughput_section(result: Results) -> list[str]:
     rows = []
     for name, label in (("simclr", "SimCLR"), ("simclr_compile", "SimCLR --compile")):
         r = result(name)
@@ -804,56 +797,86 @@ def render(report: dict[str, Any]) -> str:
         ])  # fmt: skip
     r = result("graphcl")
     share = r.get("augment_share")
+    measured = "" if share is None else f"{100 * share:.1f} % ({r.get('augment_ms')} ms): "
+    measured += _verdict(share, TARGETS["graphcl_augmentation_share"], above=False)
     rows.append([
         "GraphCL", r.get("setting"), r.get("step_ms"), r.get("per_s"), "molecules/s",
-        "augmentation < 5 % of the step",
-        f"{100 * share:.1f} % ({r.get('augment_ms')} ms): "
-        f"{_verdict(share, TARGETS['graphcl_augmentation_share'], above=False)}"
-        if share is not None else "",
+        "augmentation < 5 % of the step", measured,
     ])  # fmt: skip
     r = result("contragan")
     rows.append(
         ["ContraGAN", r.get("setting"), r.get("step_ms"), r.get("per_s"), "G steps/s", "", ""]
     )
-    lines += _table(["pipeline", "setting", "ms/step", "rate", "unit", "target", "measured"], rows)
     simclr = result("simclr")
-    lines += [
+    compiled = result("simclr_compile").get("first_step_s")
+    return [
+        *_table(["pipeline", "setting", "ms/step", "rate", "unit", "target", "measured"], rows),
         "",
         f"SimCLR: loader {simclr.get('loader_ms_per_batch')} ms/batch on the host, conv weights "
-        f"channels-last: {simclr.get('channels_last')}; first step {simclr.get('first_step_s')} s"
-        f" ({result('simclr_compile').get('first_step_s', 'not run')} s with --compile, the "
-        "compilation included).",
+        f"channels-last: {simclr.get('channels_last')}; first step {simclr.get('first_step_s')} s,"
+        f" with --compile {'not run' if compiled is None else f'{compiled} s'} (compilation "
+        "included).",
     ]
-    lines += ["", "## Losses", "", result("losses").get("note", ""), ""]
-    loss_rows = []
-    for row in result("losses").get("rows", []):
-        ratio = row.get("ratio")
-        verdict = ""
-        if ratio is not None and row["N"] == max(r["N"] for r in result("losses")["rows"]):
+
+
+def _loss_section(result: Results) -> list[str]:
+    found = result("losses").get("rows", [])
+    largest = max((row["N"] for row in found), default=None)
+    rows = []
+    for row in found:
+        ratio, verdict = row.get("ratio"), ""
+        if ratio is not None and row["N"] == largest:
             verdict = _verdict(ratio, TARGETS["loss_floor_ratio"], above=False) + " (<= 3×)"
-        loss_rows.append([
+        rows.append([
             row["loss"], row["N"], row.get("ms"), row.get("floor_ms"), ratio,
             row.get("peak_mib"), row.get("error", verdict),
         ])  # fmt: skip
-    lines += _table(["loss", "N", "ms", "floor ms", "ratio", "peak MiB", "note"], loss_rows)
-    lines += ["", "## Host syncs", ""]
-    sync_rows = [
+    header = ["loss", "N", "ms", "floor ms", "ratio", "peak MiB", "note"]
+    return [result("losses").get("note", ""), "", *_table(header, rows)]
+
+
+def _sync_section(result: Results) -> list[str]:
+    syncs = result("syncs")
+    rows = [
         [name, r.get("passed"), r.get("syncs_per_step"), r.get("first_error") or r.get("error"),
          r.get("where")]
-        for name, r in result("syncs").items()
+        for name, r in syncs.items()
     ]  # fmt: skip
-    lines += _table(["pipeline", "passed", "syncs/step", "first error", "where"], sync_rows)
-    proxies = {r.get("proxy") for r in result("syncs").values() if r.get("proxy")}
-    lines += ["", *(f"Counted by the {proxy}." for proxy in proxies)]
-    lines += ["", "## Tests (pytest -m cuda)", ""]
-    r = result("pytest")
-    lines += [f"`{r.get('command')}`: {r.get('counts')} (exit {r.get('returncode')})", ""]
-    lines += [f"- {line}" for line in r.get("failures", [])]
-    lines += ["", "## Parts", ""]
-    lines += _table(
-        ["part", "status", "seconds", "error"],
-        [[n, p["status"], p.get("seconds"), p.get("error")] for n, p in parts.items()],
-    )
+    proxies = {r["proxy"] for r in syncs.values() if r.get("proxy")}
+    return [
+        *_table(["pipeline", "passed", "syncs/step", "first error", "where"], rows),
+        "",
+        *(f"Counted by the {proxy}." for proxy in proxies),
+    ]
+
+
+def render(report: dict[str, Any]) -> str:
+    """The markdown report: environment, throughput, losses, host syncs, tests, part status."""
+    parts = report["parts"]
+
+    def result(name: str) -> dict[str, Any]:
+        found: dict[str, Any] = parts.get(name, {}).get("result", {})
+        return found
+
+    tests = result("pytest")
+    lines = [
+        f"# GPU check: {report['environment']['mode']}", "",
+        *(["A dry run: tiny models on the CPU, so no number here says anything about a target.", ""]
+          if report["environment"]["mode"].startswith("dry run") else []),
+        "## Environment", "",
+        *(f"- {key}: {value}" for key, value in report["environment"].items()),
+        "", "## Throughput", "", *_throughput_section(result),
+        "", "## Losses", "", *_loss_section(result),
+        "", "## Host syncs", "", *_sync_section(result),
+        "", "## Tests (pytest -m cuda)", "",
+        f"`{tests.get('command')}`: {tests.get('counts')} (exit {tests.get('returncode')})", "",
+        *(f"- {line}" for line in tests.get("failures", [])),
+        "", "## Parts", "",
+        *_table(
+            ["part", "status", "seconds", "error"],
+            [[n, p["status"], p.get("seconds"), p.get("error")] for n, p in parts.items()],
+        ),
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {".git", ".venv", "runs", "build", "dist", "__pycache__"}
 # files that commands write into their run folders: cited as outputs, not repository files
-RUN_OUTPUTS = {"report.md"}
+RUN_OUTPUTS = {"report.md", "gpu_check.md"}
 CITED = re.compile(r"(?<![\w./\\-])((?:[\w.-]+/)*[\w-]+(?:\.[\w-]+)*\.(?:md|py|toml))(?![\w/])")
 SECTIONS = re.compile(r'\A,?\s*"([^"\n]+)"(?:\s+and\s+"([^"\n]+)")?')
 

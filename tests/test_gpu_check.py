@@ -104,7 +104,7 @@ def test_dry_run_counts_syncs_and_runs_a_cuda_test(dry_run: tuple[dict[str, Any]
     ("output", "counts"),
     [
         ("..\n3 passed, 1 failed, 2 skipped in 4.50s\n", {"passed": 3, "failed": 1, "skipped": 2}),
-        ("ERROR tests/a.py\n1 error in 0.10s\n", {"error": 1}),
+        ("ERROR collecting: no rdkit\n1 error in 0.10s\n", {"error": 1}),
         ("= 2 passed, 5 deselected, 2 errors in 1s =", {"passed": 2, "deselected": 5, "error": 2}),
         ("collecting ... interrupted\n", {}),
     ],

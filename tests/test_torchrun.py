@@ -344,7 +344,8 @@ def test_readme_shows_the_one_machine_and_the_several_machine_command(
 
     from shared.config import parse_config
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    path = Path(__file__).resolve().parents[1] / "README.md"
+    readme = path.read_text(encoding="utf-8")
     command = re.compile(rf"torchrun .*--no-python {cli} ")
     lines = [line for line in readme.splitlines() if command.match(line)]
     launches = [get_args_parser().parse_args(shlex.split(line)[1:]) for line in lines]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -198,16 +199,23 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
 def test_simclr_on_digits_m_beats_the_random_init_encoder(tmp_path: Path) -> None:
     """Learning: the quick preset's SimCLR encoder probes clearly above its random init.
 
-    Measured on this preset (seed 0): random init ≈ 40 %, SimCLR ≈ 55 % (raw pixels ≈ 70 %:
-    the shared photo background of the two views is a shortcut SimCLR partly takes).
+    Median over seeds 0-2 of (trained - random init) probe accuracy after 100 steps of the
+    quick preset, each seed against the untrained encoder of the same seed. Measured on seeds
+    0-4: margins 0.098, 0.036, 0.104, 0.122, 0.040 (random init 0.38-0.48); the median of any
+    three consecutive seeds is 0.098-0.104. The bound, 0.05, is half of that.
     """
-    summary = train.main(["--quick", "--device", "cpu", "--out", str(tmp_path / "run")])
     data = load_data("digits-m", seed=0)
-    torch.manual_seed(0)
-    random_init = build_backbone("small_cnn", in_channels=3)
-    baseline = evaluate.evaluate_encoder(random_init, data, device=CPU, knn_k=())
-    margin = summary["linear_probe_accuracy"] - baseline["linear_probe_accuracy"]
-    assert margin > 0.08, (summary["linear_probe_accuracy"], baseline["linear_probe_accuracy"])
+    margins = []
+    for seed in range(3):
+        out = str(tmp_path / f"run{seed}")
+        summary = train.main(
+            ["--quick", "--device", "cpu", "--max-steps", "100", "--seed", str(seed), "--out", out]
+        )
+        torch.manual_seed(seed)
+        random_init = build_backbone("small_cnn", in_channels=3)
+        baseline = evaluate.evaluate_encoder(random_init, data, device=CPU, knn_k=())
+        margins.append(summary["linear_probe_accuracy"] - baseline["linear_probe_accuracy"])
+    assert statistics.median(margins) > 0.05, margins
 
 
 def _ddp_train_worker(rank: int, port: int, out: str) -> None:
