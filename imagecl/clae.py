@@ -20,40 +20,16 @@ reference's sees the anchor and x_adv as well).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from imagecl.attacks import fgsm_contrastive, pgd_contrastive
-from imagecl.dual_bn import adversarial_rows
+from imagecl.dual_bn import adversarial_rows, frozen_bn_statistics
 from shared.losses import nt_xent_loss, supcon_loss
 
 __all__ = ["adversarial_view", "frozen_bn_statistics", "pair_loss"]
-
-
-@contextmanager
-def frozen_bn_statistics(module: nn.Module) -> Iterator[None]:
-    """Inside, no batch norm of ``module`` updates its running statistics or batch count.
-
-    In train mode the layers still normalise with the batch's own statistics (exactly as
-    before); in eval mode they use the running statistics as always. Each layer's
-    ``track_running_stats`` is switched off and restored on exit.
-    """
-    layers = [
-        m
-        for m in module.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-    ]
-    for layer in layers:
-        layer.track_running_stats = False
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.track_running_stats = True
 
 
 def pair_loss(cfg: Any, a: Tensor, b: Tensor, labels: Tensor, gather: bool) -> Tensor:

@@ -19,7 +19,13 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DualBatchNorm2d", "adversarial_rows", "convert_dual_bn", "revert_dual_bn"]
+__all__ = [
+    "DualBatchNorm2d",
+    "adversarial_rows",
+    "convert_dual_bn",
+    "frozen_bn_statistics",
+    "revert_dual_bn",
+]
 
 ADVERSARIAL_MOMENTUM = 0.01  # CLAE's adversarial BN branch
 
@@ -84,3 +90,25 @@ def adversarial_rows(module: nn.Module, rows: int) -> Iterator[None]:
     finally:
         for layer in layers:
             layer.adv_rows = 0
+
+
+@contextmanager
+def frozen_bn_statistics(module: nn.Module) -> Iterator[None]:
+    """Inside, no batch norm of ``module`` updates its running statistics or batch count.
+
+    In train mode the layers still normalise with the batch's own statistics (exactly as
+    before); in eval mode they use the running statistics as always. Each layer's
+    ``track_running_stats`` is switched off and restored on exit.
+    """
+    layers = [
+        m
+        for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
+    for layer in layers:
+        layer.track_running_stats = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.track_running_stats = True

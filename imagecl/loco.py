@@ -45,7 +45,6 @@ in place (``nn.Module.compile``: the state-dict keys do not change).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -57,6 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
 from imagecl.backbones import ResNetBackbone, SmallCNN
+from imagecl.dual_bn import frozen_bn_statistics
 from shared.distributed import all_reduce_mean, world_size
 from shared.heads import simclr_v1_head
 from shared.losses import nt_xent_loss
@@ -151,27 +151,6 @@ def _decoder(channels: int, depth: int) -> nn.Module:
         nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
         layers += [conv, nn.BatchNorm2d(channels), nn.ReLU(inplace=True)]
     return nn.Sequential(*layers)
-
-
-@contextlib.contextmanager
-def _running_stats_frozen(module: nn.Module) -> Iterator[None]:
-    """Batch norms inside use (train) or read (eval) their statistics as usual, updating nothing.
-
-    For the first pass of a shared stage: without it each step would update the shared stage's
-    running mean and variance twice, with the same batch statistics.
-    """
-    norms = [
-        m
-        for m in module.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-    ]
-    for norm in norms:
-        norm.track_running_stats = False
-    try:
-        yield
-    finally:
-        for norm in norms:
-            norm.track_running_stats = True
 
 
 class LocalUnit(NamedTuple):
@@ -312,7 +291,7 @@ class LoCoModel(nn.Module):
             features.append(_pool(h))  # (B, C_s)
         decoded = h
         for s in spec.decoder:  # LoCo: the next unit's stage, on the attached output
-            with _running_stats_frozen(self._stages[s]):
+            with frozen_bn_statistics(self._stages[s]):
                 decoded = self._stages[s](decoded)  # (B, C_s, H_s, W_s)
         decoded = self.decoders[unit](decoded)  # (B, C, H', W')
         z = self.heads[unit](_pool(decoded))  # (B, head_dim)
