@@ -579,8 +579,10 @@ def part_losses(check: Check, result: dict[str, Any], cap_s: float) -> None:
             if case.matrix:
                 if n not in floors:
                     floors[n] = matmul_floor_ms(n, sizes.floor_block, device)
-                row["floor_ms"] = round(floors[n], 3)
-                row["ratio"] = round(row["ms"] / floors[n], 2)
+                # Four significant figures: a small floor rounded to fixed decimals would make
+                # the printed ratio disagree with the printed times.
+                row["floor_ms"] = float(f"{floors[n]:.4g}")
+                row["ratio"] = round(row["ms"] / row["floor_ms"], 2)
         except torch.OutOfMemoryError as error:
             row["error"] = "out of memory: " + str(error).splitlines()[0][:160]
         except Exception as error:  # one cell's failure must not end the table
