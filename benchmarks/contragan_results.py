@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from contragan.evaluate import FIGURES
-from contragan.evaluate import main as evaluate_main
-from contragan.train import main as train_main
+from contragan.commands.evaluate import main as evaluate_main
+from contragan.commands.train import main as train_main
+from contragan.report import FIGURES
 
 LOSSES = ("contra", "proj", "ac")
 

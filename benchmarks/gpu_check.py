@@ -335,31 +335,34 @@ def imagecl_stepper(
     method: str, sizes: Sizes, device: torch.device, data: Any, *, batch: int, compile: bool
 ) -> Stepper:
     """``imagecl train --method METHOD`` on ``data``, stepped as its ``main`` steps it."""
-    from imagecl import train
+    from imagecl.config import Config
     from imagecl.loco import LocalUpdater
+    from imagecl.models import build
+    from imagecl.steps import make_step
     from shared.runtime import autocast_dtype
     from shared.updaters import OptimizerUpdater
 
-    cfg = train.Config(
+    cfg = Config(
         method=method, data="digits-m", backbone=sizes.backbone, width=sizes.width,  # type: ignore[arg-type]
         batch_size=batch, compile=compile, device=device.type,  # type: ignore[arg-type]
     )  # fmt: skip
-    built = train.build(cfg, device=device, data=data)
+    built = build(cfg, device=device, data=data)
     updater: Any
-    if method == "loco":  # as imagecl.train.main: the per-unit backward
+    if method == "loco":  # as imagecl.commands.train.main: the per-unit backward
         updater = LocalUpdater(
             built.model, built.optimizer, views=built.views, temperature=cfg.tau, gather=False,
             scheduler=built.scheduler,
         )  # fmt: skip
     else:
-        step = functools.partial(train.train_step, cfg=cfg, views=built.views, gather=False)
+        step = make_step(cfg, views=built.views, gather=False)
         updater = OptimizerUpdater(built.model, built.optimizer, step, scheduler=built.scheduler)
     return Stepper(updater, built.loader, device, autocast_dtype(cfg.amp, device), batch)
 
 
 def graphcl_stepper(sizes: Sizes, device: torch.device, molecules: Any) -> Stepper:
     """``graphcl pretrain`` (GIN, random drop_nodes/subgraph views) on the prepared molecules."""
-    from graphcl import pretrain
+    from graphcl.commands import pretrain
+    from graphcl.steps import pretrain_step
     from shared.runtime import autocast_dtype
     from shared.updaters import OptimizerUpdater
 
@@ -368,7 +371,7 @@ def graphcl_stepper(sizes: Sizes, device: torch.device, molecules: Any) -> Stepp
         device=device.type,  # type: ignore[arg-type]
     )  # fmt: skip
     built = pretrain.build(cfg, device=device, data=molecules)
-    step = functools.partial(pretrain.train_step, cfg=cfg, views=built.views, gather=False)
+    step = functools.partial(pretrain_step, cfg=cfg, views=built.views, gather=False)
     updater = OptimizerUpdater(built.model, built.optimizer, step)
     dtype = autocast_dtype(cfg.amp, device)
     return Stepper(updater, built.loader, device, dtype, cfg.batch_size, extra=built.views)
@@ -376,14 +379,15 @@ def graphcl_stepper(sizes: Sizes, device: torch.device, molecules: Any) -> Stepp
 
 def contragan_stepper(sizes: Sizes, device: torch.device, data: Any) -> Stepper:
     """``contragan train --arch resnet32`` (2C loss) on ``data``; the EMA averages from step 1."""
-    from contragan import train
+    from contragan.config import Config
+    from contragan.models import build
     from shared.runtime import autocast_dtype
 
-    cfg = train.Config(
+    cfg = Config(
         data="digits-m", arch="resnet32", width=sizes.gan_width, batch_size=sizes.gan_batch,
         n_dis=sizes.n_dis, ema_start=1, device=device.type,  # type: ignore[arg-type]
     )  # fmt: skip
-    built = train.build(cfg, device=device, data=data)
+    built = build(cfg, device=device, data=data)
     return Stepper(built.updater, built.loader, device, autocast_dtype(cfg.amp, device), 1)
 
 

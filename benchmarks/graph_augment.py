@@ -98,8 +98,9 @@ def _keep_nodes(data: Data, keep: np.ndarray) -> Data:
     ei = data.edge_index.numpy()
     kept = keep[ei[0]] & keep[ei[1]]
     edge_index = torch.from_numpy(new_id[ei[:, kept]])
-    return _rebuild(data, data.x[torch.from_numpy(keep)], edge_index,
-                    data.edge_attr[torch.from_numpy(kept)])  # fmt: skip
+    return _rebuild(
+        data, data.x[torch.from_numpy(keep)], edge_index, data.edge_attr[torch.from_numpy(kept)]
+    )
 
 
 def _bond_arrays(data: Data) -> tuple[np.ndarray, np.ndarray]:
@@ -163,8 +164,12 @@ def loop_method(name: str, p: float, mask: Tensor, pool: np.ndarray) -> Callable
         keep[_grow_sets(n, data.edge_index.numpy(), n - int(n * p), rng)] = True
         return _keep_nodes(data, keep)
 
-    one = {"drop_nodes": drop_nodes, "mask_attributes": mask_attributes,
-           "perturb_edges": perturb_edges, "subgraph": sub_graph}[name]  # fmt: skip
+    one = {
+        "drop_nodes": drop_nodes,
+        "mask_attributes": mask_attributes,
+        "perturb_edges": perturb_edges,
+        "subgraph": sub_graph,
+    }[name]
 
     def run(graphs: list[Data], rng: np.random.Generator) -> Batch:
         return Batch.from_data_list([one(data, rng) for data in graphs])
@@ -208,8 +213,12 @@ def pyg_method(name: str, p: float, mask: Tensor, pool: Tensor) -> Callable[...,
         ei, ea = subgraph(keep, data.edge_index, data.edge_attr, relabel_nodes=True, num_nodes=n)
         return _rebuild(data, data.x[keep], ei, ea)
 
-    one = {"drop_nodes": drop_nodes, "mask_attributes": mask_attributes,
-           "perturb_edges": perturb_edges, "subgraph": sub_graph}[name]  # fmt: skip
+    one = {
+        "drop_nodes": drop_nodes,
+        "mask_attributes": mask_attributes,
+        "perturb_edges": perturb_edges,
+        "subgraph": sub_graph,
+    }[name]
 
     def run(graphs: list[Data], g: torch.Generator) -> Batch:
         return Batch.from_data_list([one(data, g) for data in graphs])
@@ -369,14 +378,15 @@ def pretrain_split(batch: Batch, device: torch.device, repeats: int, size: int =
     """The share of a GraphCL pre-training step spent on augmentation: two views of ``size``
     molecules ("random" = node dropping or subgraph per graph, the chem default) against the
     forward and backward pass of the default encoder (GIN 5 × 300) on both views."""
-    from graphcl.export import encoder_from_config
-    from graphcl.pretrain import Config, GraphCLModel, _augmentation, concat_batches
+    from graphcl.config import PretrainConfig
+    from graphcl.models import GraphCLModel, encoder_from_config
+    from graphcl.steps import concat_batches, view_maker
     from shared.losses import graphcl_loss
 
-    cfg = Config()
+    cfg = PretrainConfig()
     small = Batch.from_data_list(batch.to_data_list()[:size]).to(device)
     model = GraphCLModel(encoder_from_config(cfg.encoder_config()), cfg.head_dim).to(device)
-    views = _augmentation("random", cfg)
+    views = view_maker("random", cfg)
 
     def augment() -> Batch:
         return concat_batches(views(small), views(small))

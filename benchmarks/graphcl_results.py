@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from graphcl import finetune, pretrain
+from graphcl.commands import finetune, pretrain
 
 TASKS = ("freesolv", "solubility", "solubility-class")
 

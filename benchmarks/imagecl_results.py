@@ -23,11 +23,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from imagecl import finetune, train
 from imagecl.backbones import build_backbone
+from imagecl.commands import finetune, train
 from imagecl.corruptions import CORRUPTIONS
 from imagecl.data import load_data
 from imagecl.evaluate import evaluate_encoder
+from imagecl.models import load_trained
 
 CPU = torch.device("cpu")
 PER_CLASS = (1, 5, 10)
@@ -78,7 +79,7 @@ def one_seed(name: str, seed: int, out: Path) -> dict[str, dict[str, Any]]:
             argv += ["--resume"]  # a finished run only re-evaluates
         train.main(argv)
         seconds = time.perf_counter() - start
-        _, data, model = train.load_trained(run / "checkpoints" / "last.pt", device=CPU)
+        _, data, model = load_trained(run / "checkpoints" / "last.pt", device=CPU)
         rows[method] = {**_evaluate(model.backbone, data, seed), "train_seconds": seconds}
     finetune_rows(name, seed, out, rows)
     return rows

@@ -20,8 +20,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from imagecl import train
+from imagecl.commands import train
+from imagecl.config import QUICK
 from imagecl.evaluate import evaluate_encoder
+from imagecl.models import load_trained
 
 CPU = torch.device("cpu")
 RUNS = {
@@ -51,7 +53,7 @@ def one(
     if (run / "checkpoints" / "last.pt").is_file():
         flags.append("--resume")  # finished: only re-evaluated
     train.main(flags)
-    _, data, model = train.load_trained(run / "checkpoints" / "last.pt", device=CPU)
+    _, data, model = load_trained(run / "checkpoints" / "last.pt", device=CPU)
     numbers = evaluate_encoder(
         model.backbone, data, device=CPU, seed=seed, knn_k=(), attack="pgd", eps=eps,
         attack_steps=steps,
@@ -67,7 +69,7 @@ def _cell(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=int(train.QUICK["epochs"]))
+    parser.add_argument("--epochs", type=int, default=int(QUICK["epochs"]))
     parser.add_argument("--eps", type=float, default=2 / 255, help="PGD ε in pixel units")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("runs/imagecl-robust-results"))

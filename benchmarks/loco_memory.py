@@ -53,10 +53,12 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.image_augment import timer
 from benchmarks.losses import peak_memory
-from imagecl import train
 from imagecl.augment import SimCLRViews
 from imagecl.backbones import build_backbone
-from imagecl.loco import LocalUpdater, LoCoModel, loco_train_step
+from imagecl.commands import train
+from imagecl.config import QUICK
+from imagecl.loco import LocalUpdater, loco_train_step
+from imagecl.loco_model import LoCoModel
 from shared.updaters import OptimizerUpdater, StepContext, Updater
 
 TAU = 0.5  # SimCLR's CIFAR temperature
@@ -175,7 +177,7 @@ def readout_table(seeds: int, epochs: int, out: Path) -> None:
         for method in METHODS:
             runs[method].append(train_readout(method, seed, epochs, out))
             (out / "readout.json").write_text(json.dumps(runs, indent=1))
-    batch = int(train.QUICK["batch_size"])
+    batch = int(QUICK["batch_size"])
     memory = bench_backbone("small_cnn", batch, torch.device("cpu"))
     peak = {(r["method"], r["path"]): r["peak_mib"] for r in memory}
     first = runs["end-to-end"][0]
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backbones", nargs="+", default=["small_cnn", "resnet18"])
     parser.add_argument("--readout", action="store_true", help="train and read out every stage")
     parser.add_argument("--seeds", type=int, default=3, help="--readout: seeds 0..N-1")
-    parser.add_argument("--epochs", type=int, default=int(train.QUICK["epochs"]))
+    parser.add_argument("--epochs", type=int, default=int(QUICK["epochs"]))
     parser.add_argument("--out", type=Path, default=Path("runs/loco-results"))
     parser.add_argument("--threads", type=int, default=2, help="--readout: torch threads")
     args = parser.parse_args(argv)

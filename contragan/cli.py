@@ -14,19 +14,19 @@ from shared.cli import PipelineMain, dispatch
 
 
 def _train(argv: list[str]) -> Any:
-    from contragan.train import main  # lazy: `contragan --help` stays fast
+    from contragan.commands.train import main  # lazy: `contragan --help` stays fast
 
     return main(argv)
 
 
 def _sample(argv: list[str]) -> Any:
-    from contragan.sample import main
+    from contragan.commands.sample import main
 
     return main(argv)
 
 
 def _evaluate(argv: list[str]) -> Any:
-    from contragan.evaluate import main
+    from contragan.commands.evaluate import main
 
     return main(argv)
 

@@ -8,7 +8,7 @@ be high, else distances in its feature space say little
 
 Input convention, everywhere in :mod:`contragan.metrics` and here: images are float tensors in
 [-1, 1] ``(N, C, H, W)``, the range of the generator's tanh; real uint8 images map there with
-``x / 127.5 - 1`` (:func:`to_signed_unit`).
+``x / 127.5 - 1`` (:func:`contragan.data.to_signed_unit`).
 
 Trained extractors are cached per data set by :mod:`contragan.extractor_cache`.
 """
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from imagecl.data import ImageData, images_and_labels
+from contragan.data import ImageData, images_and_labels, to_signed_unit
 from shared.runtime import eval_mode
 from shared.updaters import check_finite
 
@@ -35,13 +35,12 @@ __all__ = [
     "fit_classifier",
     "new_classifier",
     "predict_logits",
-    "to_signed_unit",
     "train_extractor",
 ]
 
 EXTRACTOR_VERSION = 1
 RANGE_TOLERANCE = 1e-5  # float rounding of a tanh output or of x / 127.5 - 1
-DEFAULT_EPOCHS = 12  # 32 px: digits ≈ 99 %, digits-m 94–96 % test accuracy; ~10 CPU-seconds
+DEFAULT_EPOCHS = 12  # 32 px: digits ≈ 99 %, digits-m 94–96 % test accuracy
 
 
 class FeatureExtractor(nn.Module):
@@ -111,17 +110,6 @@ class FeatureExtractor(nn.Module):
             "width": self.width,
             "feature_dim": self.num_features,
         }
-
-
-def to_signed_unit(images: Tensor) -> Tensor:
-    """Map uint8 images in 0..255 to float32 in [-1, 1]: ``x / 127.5 - 1``.
-
-    Shape:
-        images: ``(N, C, H, W)`` uint8; returns the same shape, float32
-    """
-    if images.dtype != torch.uint8:
-        raise ValueError(f"to_signed_unit expects uint8 images, got {images.dtype}")
-    return images.to(torch.float32) / 127.5 - 1.0
 
 
 def check_images(images: Tensor, like: FeatureExtractor, name: str = "images") -> Tensor:

@@ -22,13 +22,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
+from contragan.data import ImageData, images_and_labels
 from contragan.extractor import (
     DEFAULT_EPOCHS,
     EXTRACTOR_VERSION,
     FeatureExtractor,
     train_extractor,
 )
-from imagecl.data import ImageData, images_and_labels
 from shared.checkpoint import atomic_write
 
 __all__ = ["CachedExtractor", "load_or_train_extractor"]

@@ -1,6 +1,6 @@
 """GAN losses: adversarial (hinge, non-saturating) plus each method's class term.
 
-The class terms, on the same networks (:mod:`contragan.models`):
+The class terms, on the same networks (:mod:`contragan.networks`):
 
 - ``"contra"`` (ContraGAN, Kang & Park 2020, Eq. 8 and Alg. 1): the 2C loss of
   :func:`shared.losses.conditional_contrastive_loss` on the discriminator's embeddings and
@@ -15,30 +15,39 @@ The class terms, on the same networks (:mod:`contragan.models`):
   ``ac_weight`` (1 in the paper and StudioGAN).
 
 Every adversarial loss is a mean over the batch and computed in fp32 whatever the autocast
-dtype (fp64 stays fp64).
+dtype (fp64 stays fp64). Each method has a D loss and a G loss of one signature
+(``contra_d_loss``, ``contra_g_loss``, ...); :data:`contragan.steps.GAN_LOSSES` picks them by
+name.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from contragan.models import LOSSES, DiscOutput, GanLoss
+from contragan.networks import DiscOutput
 from shared.losses import conditional_contrastive_loss
 
 __all__ = [
     "ADV_LOSSES",
+    "AdvLoss",
+    "LossSettings",
+    "ac_d_loss",
+    "ac_g_loss",
+    "contra_d_loss",
+    "contra_g_loss",
     "d_hinge",
     "d_nonsaturating",
-    "discriminator_loss",
     "g_hinge",
     "g_nonsaturating",
-    "generator_loss",
+    "proj_d_loss",
+    "proj_g_loss",
 ]
 
 AdvLoss = Literal["hinge", "nonsaturating"]
@@ -95,19 +104,29 @@ ADV_LOSSES: dict[str, tuple[Callable[[Tensor, Tensor], Tensor], Callable[[Tensor
 }
 
 
-def _check_settings(
-    loss: str, adv: str, lambda_2c: float, tau: float, ac_weight: float
-) -> tuple[Callable[[Tensor, Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    if adv not in ADV_LOSSES:
-        raise ValueError(f"adv must be one of {tuple(ADV_LOSSES)}, got {adv!r}")
-    for name, value in (("lambda_2c", lambda_2c), ("ac_weight", ac_weight)):
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-    if not (math.isfinite(tau) and tau > 0):
-        raise ValueError(f"tau must be a finite number > 0, got {tau}")
-    return ADV_LOSSES[adv]
+@dataclass(frozen=True)
+class LossSettings:
+    """The settings every method's D and G loss reads, checked once on construction.
+
+    ``adv``: the adversarial loss (:data:`ADV_LOSSES`); ``lambda_2c`` and ``tau``: the weight
+    and temperature of the 2C loss (contra); ``ac_weight``: the weight of the classification
+    loss (ac); ``gather``: contrast against every rank's samples (the 2C loss under DDP).
+    """
+
+    adv: AdvLoss = "hinge"
+    lambda_2c: float = 1.0
+    tau: float = 1.0
+    ac_weight: float = 1.0
+    gather: bool = False
+
+    def __post_init__(self) -> None:
+        if self.adv not in ADV_LOSSES:
+            raise ValueError(f"adv must be one of {tuple(ADV_LOSSES)}, got {self.adv!r}")
+        for name, value in (("lambda_2c", self.lambda_2c), ("ac_weight", self.ac_weight)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if not (math.isfinite(self.tau) and self.tau > 0):
+            raise ValueError(f"tau must be a finite number > 0, got {self.tau}")
 
 
 def _class_logits(out: DiscOutput, which: str) -> Tensor:
@@ -119,84 +138,92 @@ def _class_logits(out: DiscOutput, which: str) -> Tensor:
     return _upcast(out.class_logits)
 
 
-def discriminator_loss(
-    real: DiscOutput,
-    fake: DiscOutput,
-    y_real: Tensor,
-    y_fake: Tensor,
-    *,
-    loss: GanLoss,
-    adv: AdvLoss = "hinge",
-    lambda_2c: float = 1.0,
-    tau: float = 1.0,
-    ac_weight: float = 1.0,
-    gather: bool = False,
+def _d_adv(real: DiscOutput, fake: DiscOutput, settings: LossSettings) -> Tensor:
+    return ADV_LOSSES[settings.adv][0](real.adv, fake.adv)
+
+
+def _g_adv(fake: DiscOutput, settings: LossSettings) -> Tensor:
+    return ADV_LOSSES[settings.adv][1](fake.adv)
+
+
+def contra_d_loss(
+    real: DiscOutput, fake: DiscOutput, y_real: Tensor, y_fake: Tensor, settings: LossSettings
 ) -> dict[str, Tensor]:
-    """D's loss: adversarial on real and fake, plus the class term of ``loss``.
+    """ContraGAN's D loss: ``d_adv + λ · 2C(real.embedding, real.proxy, y_real; τ)``.
 
-    - ``"contra"``: ``d_adv + λ · 2C(real.embedding, real.proxy, y_real; τ)``;
-    - ``"proj"``: ``d_adv`` (the class is inside the logits);
-    - ``"ac"``: ``d_adv + ac_weight · (CE(real.class_logits, y_real) + CE(fake.class_logits,
-      y_fake))``.
-
-    Returns ``{"loss": total, "d_adv": ..., and "d_2c" or "d_ac"}``, all scalars with their
-    graph (detach before logging).
+    The 2C term reads real images only (Kang & Park 2020, Alg. 1). Returns ``{"loss": total,
+    "d_adv": ..., "d_2c": ...}``, all scalars with their graph (detach before logging).
 
     Shape:
         real: DiscOutput of N real images; fake: DiscOutput of M fakes; y_real: ``(N,)``;
         y_fake: ``(M,)``
     """
-    d_fn, _ = _check_settings(loss, adv, lambda_2c, tau, ac_weight)
-    d_adv = d_fn(real.adv, fake.adv)
-    parts = {"d_adv": d_adv}
-    if loss == "contra":
-        parts["d_2c"] = conditional_contrastive_loss(
-            real.embedding, real.proxy, y_real, temperature=tau, gather=gather
-        )
-        total = d_adv + lambda_2c * parts["d_2c"]
-    elif loss == "ac":
-        parts["d_ac"] = F.cross_entropy(_class_logits(real, "real"), y_real) + F.cross_entropy(
-            _class_logits(fake, "fake"), y_fake
-        )
-        total = d_adv + ac_weight * parts["d_ac"]
-    else:
-        total = d_adv
-    return {"loss": total, **parts}
+    d_adv = _d_adv(real, fake, settings)
+    d_2c = conditional_contrastive_loss(
+        real.embedding, real.proxy, y_real, temperature=settings.tau, gather=settings.gather
+    )
+    return {"loss": d_adv + settings.lambda_2c * d_2c, "d_adv": d_adv, "d_2c": d_2c}
 
 
-def generator_loss(
-    fake: DiscOutput,
-    y_fake: Tensor,
-    *,
-    loss: GanLoss,
-    adv: AdvLoss = "hinge",
-    lambda_2c: float = 1.0,
-    tau: float = 1.0,
-    ac_weight: float = 1.0,
-    gather: bool = False,
-) -> dict[str, Tensor]:
-    """G's loss on D's output for its fakes: adversarial plus the class term of ``loss``.
+def contra_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> dict[str, Tensor]:
+    """ContraGAN's G loss: ``g_adv + λ · 2C(fake.embedding, fake.proxy, y_fake; τ)``.
 
-    - ``"contra"``: ``g_adv + λ · 2C(fake.embedding, fake.proxy, y_fake; τ)``;
-    - ``"proj"``: ``g_adv``;
-    - ``"ac"``: ``g_adv + ac_weight · CE(fake.class_logits, y_fake)``.
-
-    Returns ``{"loss": total, "g_adv": ..., and "g_2c" or "g_ac"}``.
+    Returns ``{"loss": total, "g_adv": ..., "g_2c": ...}``.
 
     Shape:
         fake: DiscOutput of M fakes; y_fake: ``(M,)`` their conditioning labels
     """
-    _, g_fn = _check_settings(loss, adv, lambda_2c, tau, ac_weight)
-    g_adv = g_fn(fake.adv)
-    parts = {"g_adv": g_adv}
-    if loss == "contra":
-        parts["g_2c"] = conditional_contrastive_loss(
-            fake.embedding, fake.proxy, y_fake, temperature=tau, gather=gather
-        )
-        total = g_adv + lambda_2c * parts["g_2c"]
-    elif loss == "ac":
-        parts["g_ac"] = F.cross_entropy(_class_logits(fake, "fake"), y_fake)
-        total = g_adv + ac_weight * parts["g_ac"]
-    else:
-        total = g_adv
-    return {"loss": total, **parts}
+    g_adv = _g_adv(fake, settings)
+    g_2c = conditional_contrastive_loss(
+        fake.embedding, fake.proxy, y_fake, temperature=settings.tau, gather=settings.gather
+    )
+    return {"loss": g_adv + settings.lambda_2c * g_2c, "g_adv": g_adv, "g_2c": g_2c}
+
+
+def proj_d_loss(
+    real: DiscOutput, fake: DiscOutput, y_real: Tensor, y_fake: Tensor, settings: LossSettings
+) -> dict[str, Tensor]:
+    """ProjGAN's D loss: ``d_adv`` alone (the class is inside the logits).
+
+    Returns ``{"loss": d_adv, "d_adv": d_adv}``.
+    """
+    d_adv = _d_adv(real, fake, settings)
+    return {"loss": d_adv, "d_adv": d_adv}
+
+
+def proj_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> dict[str, Tensor]:
+    """ProjGAN's G loss: ``g_adv`` alone. Returns ``{"loss": g_adv, "g_adv": g_adv}``."""
+    g_adv = _g_adv(fake, settings)
+    return {"loss": g_adv, "g_adv": g_adv}
+
+
+def ac_d_loss(
+    real: DiscOutput, fake: DiscOutput, y_real: Tensor, y_fake: Tensor, settings: LossSettings
+) -> dict[str, Tensor]:
+    """ACGAN's D loss: ``d_adv + ac_weight · (CE(real.class_logits, y_real) +
+    CE(fake.class_logits, y_fake))``.
+
+    Returns ``{"loss": total, "d_adv": ..., "d_ac": ...}``.
+
+    Shape:
+        real: DiscOutput of N real images; fake: DiscOutput of M fakes; y_real: ``(N,)``;
+        y_fake: ``(M,)``
+    """
+    d_adv = _d_adv(real, fake, settings)
+    d_ac = F.cross_entropy(_class_logits(real, "real"), y_real) + F.cross_entropy(
+        _class_logits(fake, "fake"), y_fake
+    )
+    return {"loss": d_adv + settings.ac_weight * d_ac, "d_adv": d_adv, "d_ac": d_ac}
+
+
+def ac_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> dict[str, Tensor]:
+    """ACGAN's G loss: ``g_adv + ac_weight · CE(fake.class_logits, y_fake)``.
+
+    Returns ``{"loss": total, "g_adv": ..., "g_ac": ...}``.
+
+    Shape:
+        fake: DiscOutput of M fakes; y_fake: ``(M,)`` their conditioning labels
+    """
+    g_adv = _g_adv(fake, settings)
+    g_ac = F.cross_entropy(_class_logits(fake, "fake"), y_fake)
+    return {"loss": g_adv + settings.ac_weight * g_ac, "g_adv": g_adv, "g_ac": g_ac}

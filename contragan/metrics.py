@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 from torchmetrics.image.fid import FrechetInceptionDistance
 
+from contragan.data import ImageData, images_and_labels
 from contragan.distances import (
     NEAREST_K,
     DensityCoverage,
@@ -57,7 +58,6 @@ from contragan.extractor import (
     fit_classifier,
     new_classifier,
 )
-from imagecl.data import ImageData, images_and_labels
 from shared.runtime import eval_mode
 
 __all__ = [

@@ -98,9 +98,10 @@ def simclr_digits_section(out: RunDir, epochs: int, seeds: int) -> tuple[dict[st
 def imagecl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
     """`imagecl train --quick` (SimCLR on digits-m), its plots copied into the tour's report,
     against the raw pixels and the same encoder at random initialisation."""
-    from imagecl import train
     from imagecl.backbones import build_backbone
+    from imagecl.commands import train
     from imagecl.evaluate import evaluate_encoder
+    from imagecl.models import load_trained
 
     run = Path(out.path) / "imagecl-simclr"
     if run.exists():
@@ -110,7 +111,7 @@ def imagecl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
     seconds = time.perf_counter() - start
     for plot in ("training", "views", "tsne_h"):
         shutil.copy(run / "plots" / f"{plot}.png", out.plots / f"imagecl_simclr_{plot}.png")
-    _, data, _ = train.load_trained(run / "checkpoints" / "last.pt", device=CPU)
+    _, data, _ = load_trained(run / "checkpoints" / "last.pt", device=CPU)
     torch.manual_seed(seed)
     random_init = build_backbone("small_cnn", in_channels=data.channels)
     baseline = evaluate_encoder(random_init, data, device=CPU, seed=seed, knn_k=())
@@ -138,7 +139,7 @@ def imagecl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
 
 def _quick_run(out: RunDir, name: str, seed: int, epochs: int, flags: list[str]) -> Path:
     """`imagecl train --quick --epochs E [flags]` into `out/<name>`, a fresh folder."""
-    from imagecl import train
+    from imagecl.commands import train
 
     run = Path(out.path) / name
     if run.exists():
@@ -158,8 +159,8 @@ def clae_section(
 ) -> tuple[dict[str, object], str]:
     """`imagecl train --quick --method clae`, shortened: clean and PGD-robust probe accuracy,
     against the same budget of plain SimCLR (whose run also gets the attack)."""
-    from imagecl import train
     from imagecl.evaluate import evaluate_encoder
+    from imagecl.models import load_trained
     from imagecl.report import RUN_ATTACK_EPS, RUN_ATTACK_STEPS
 
     start = time.perf_counter()
@@ -168,7 +169,7 @@ def clae_section(
     _copy_plots(clae, out, "imagecl_clae", ("training", "robust_accuracy"))
     clae_summary = json.loads((clae / "summary.json").read_text())
     simclr = _quick_run(out, "imagecl-simclr-short", seed, epochs, ["--method", "simclr"])
-    _, data, model = train.load_trained(simclr / "checkpoints" / "last.pt", device=CPU)
+    _, data, model = load_trained(simclr / "checkpoints" / "last.pt", device=CPU)
     plain = evaluate_encoder(
         model.backbone, data, device=CPU, seed=seed, knn_k=(), attack="pgd",
         eps=RUN_ATTACK_EPS, attack_steps=RUN_ATTACK_STEPS,
@@ -212,7 +213,7 @@ def loco_section(
     from imagecl.backbones import build_backbone
     from imagecl.data import load_data
     from imagecl.evaluate import evaluate_encoder
-    from imagecl.loco import LoCoModel
+    from imagecl.loco_model import LoCoModel
     from imagecl.report import stage_readouts
 
     start = time.perf_counter()
@@ -256,7 +257,7 @@ def loco_section(
 def graphcl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
     """`graphcl pretrain --quick` on the bundled corpus, then `graphcl finetune --quick` on
     FreeSolv (scaffold split), pre-trained against scratch."""
-    from graphcl import finetune, pretrain
+    from graphcl.commands import finetune, pretrain
 
     pre, ft = Path(out.path) / "graphcl-pretrain", Path(out.path) / "graphcl-finetune"
     for folder in (pre, ft):
@@ -302,9 +303,9 @@ def contragan_section(
 ) -> tuple[dict[str, object], str]:
     """`contragan train --quick` (ContraGAN on digits), its sample grid and `evaluate --quick`;
     ``steps`` cuts the quick preset's 300 generator steps (the tour's test)."""
-    from contragan.evaluate import main as evaluate
-    from contragan.evaluate import results_table
-    from contragan.train import main as train
+    from contragan.commands.evaluate import main as evaluate
+    from contragan.commands.train import main as train
+    from contragan.report import results_table
 
     run = Path(out.path) / "contragan-quick"
     if run.exists():

@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Batch
 
+from graphcl.collation import is_collated, replace_slices
+
 __all__ = ["gradargmax_edge_flips", "random_edge_flips"]
 
 
@@ -131,12 +133,11 @@ def _with_edges(batch: Batch, edge_index: Tensor, edge_attr: Tensor | None) -> B
     out.edge_index = edge_index[:, order]  # (2, E')
     if edge_attr is not None:
         out.edge_attr = edge_attr[order]  # (E', F_bond)
-    if hasattr(batch, "_slice_dict"):
+    if is_collated(batch):
         counts = torch.bincount(graph_of_edge, minlength=int(batch.num_graphs)).cpu()  # (G,)
         slices = torch.cat([counts.new_zeros(1), counts.cumsum(0)])  # (G + 1,)
-        out._slice_dict = {**batch._slice_dict, "edge_index": slices}
-        if edge_attr is not None:
-            out._slice_dict["edge_attr"] = slices
+        keys = ["edge_index"] if edge_attr is None else ["edge_index", "edge_attr"]
+        replace_slices(out, dict.fromkeys(keys, slices))
     return out
 
 

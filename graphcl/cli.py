@@ -24,10 +24,13 @@ def _lazy(module: str) -> PipelineMain:
 
 # name -> (one-line help, main(argv))
 PIPELINES: dict[str, tuple[str, PipelineMain]] = {
-    "pretrain": ("GraphCL pre-training of a GNN encoder", _lazy("graphcl.pretrain")),
-    "finetune": ("fine-tune on a property task, against scratch", _lazy("graphcl.finetune")),
-    "probe": ("probe frozen embeddings (ridge / logistic / SVM)", _lazy("graphcl.probe")),
-    "augment": ("draw a molecule and its augmented views", _lazy("graphcl.augment_cmd")),
+    "pretrain": ("GraphCL pre-training of a GNN encoder", _lazy("graphcl.commands.pretrain")),
+    "finetune": (
+        "fine-tune on a property task, against scratch",
+        _lazy("graphcl.commands.finetune"),
+    ),
+    "probe": ("probe frozen embeddings (ridge / logistic / SVM)", _lazy("graphcl.commands.probe")),
+    "augment": ("draw a molecule and its augmented views", _lazy("graphcl.commands.augment")),
 }
 
 

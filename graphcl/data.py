@@ -32,22 +32,19 @@ corpus of thousands always holds a few): it is skipped, counted (:func:`skipped_
 Targets: a value that is empty or ``nan``/``na``/``n/a``/``none``/``null`` is missing (NaN). A
 column that holds a non-number is read as class names, mapped to 0..K-1 in sorted string order
 (then ``task`` must not be ``"regression"``). ``task=None`` infers: class names, or only 0/1
-values → ``"classification"``, anything else → ``"regression"``; with no targets it is None.
+values → ``"classification"``, anything else → ``"regression"``; with no targets it is None
+(:mod:`graphcl.targets`).
 
 Cache: a parsed source is stored in ``cache_dir`` (default ``$CONTRASTKIT_CACHE`` if set, else
 ``~/.cache/contrastkit/graphcl``) under a key hashing the bytes of every file of the source, the
 parse options and the layout's ``version``; so a changed file or layout misses. The file holds
 plain tensors and lists only (graphs as concatenated tensors + sizes), written atomically and
-read with ``torch.load(weights_only=True)``. ``cache_dir=False`` turns the cache off.
+read with ``torch.load(weights_only=True)`` (:mod:`graphcl.cache`). ``cache_dir=False`` turns
+the cache off.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import pickle
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -56,11 +53,12 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Batch, Data
 
+from graphcl.cache import cache_path, read_state, write_state
 from graphcl.features import LAYOUTS, featurize
 from graphcl.sources import BUNDLED, Plan, plan_source
 from graphcl.splits import Split, random_split, scaffold_split, stratified_split
+from graphcl.targets import TaskKind, parse_targets
 from shared import runs
-from shared.checkpoint import atomic_write
 
 __all__ = [
     "BUNDLED",
@@ -74,11 +72,6 @@ __all__ = [
     "stratified_split",
     "write_skipped",
 ]
-
-_CACHE_FORMAT = 1
-_MISSING_VALUES = frozenset({"", "nan", "na", "n/a", "none", "null"})
-
-Task = Literal["regression", "classification"]
 
 
 class MoleculeData(NamedTuple):
@@ -97,7 +90,7 @@ class MoleculeData(NamedTuple):
     smiles: list[str]
     targets: Tensor | None
     target_names: tuple[str, ...]
-    task: Task | None
+    task: TaskKind | None
     skipped: tuple[tuple[str, str, str], ...]
     layout: str
     official_test: Tensor | None = None
@@ -144,16 +137,14 @@ def load_molecules(
     if isinstance(source, str) and source.startswith("tu:"):
         return _load_tu(source[3:], root)
     plan = plan_source(source, smiles_column, targets, root, task)
-    folder = _cache_folder(cache_dir)
-    key = _cache_key(plan, smiles_column, targets, layout)
-    path = None if folder is None else folder / f"{_slug(plan.name)}-{key[:20]}.pt"
+    path = cache_path(plan, smiles_column, targets, layout, cache_dir)
     if path is not None and path.is_file():
-        cached = _read_cache(path)
-        if cached is not None:
-            return cached
+        state = read_state(path)
+        if state is not None:
+            return _from_cache_state(state)
     data = _assemble(plan, layout)
     if path is not None:
-        _write_cache(path, data)
+        write_state(path, _cache_state(data))
     return data
 
 
@@ -247,7 +238,7 @@ def _assemble(plan: Plan, layout: str) -> MoleculeData:
             f"no molecule could be read from {plan.name} ({files}): all {len(skipped)} records "
             f"were skipped" + (f", e.g. {skipped[0][0]}: {skipped[0][2]}" if skipped else "")
         )
-    targets, task = _targets(rows, target_names, wheres, plan.task)
+    targets, task = parse_targets(rows, target_names, wheres, plan.task)
     if targets is not None:
         for i, graph in enumerate(graphs):
             graph.y = targets[i : i + 1].clone()  # (1, T)
@@ -264,91 +255,13 @@ def _assemble(plan: Plan, layout: str) -> MoleculeData:
     )
 
 
-def _targets(
-    rows: list[tuple[str, ...]], names: Sequence[str], wheres: list[str], task: str | None
-) -> tuple[Tensor | None, Task | None]:
-    """Raw strings → ``(N, T)`` float32 (NaN = missing) and the task (inferred when None)."""
-    if not names:
-        return None, None
-    columns, has_classes = [], False
-    for t, name in enumerate(names):
-        column, named = _target_column([row[t] for row in rows], name, wheres, task)
-        columns.append(column)
-        has_classes |= named
-    values = torch.tensor(columns, dtype=torch.float32).t().contiguous()  # (N, T)
-    known = values[~values.isnan()]
-    if task is None:
-        binary = bool(((known == 0) | (known == 1)).all())
-        task = "classification" if has_classes or binary else "regression"
-    if task == "classification" and not bool(((known >= 0) & (known == known.round())).all()):
-        raise ValueError(f"task='classification' needs class ids 0, 1, ... in {', '.join(names)}")
-    return values, task  # type: ignore[return-value]
-
-
-def _target_column(
-    raw: list[str], name: str, wheres: list[str], task: str | None
-) -> tuple[list[float], bool]:
-    """One target column as floats; non-numeric columns are class names (sorted → 0..K-1)."""
-    texts = [value.strip() for value in raw]
-    numbers: list[float] = []
-    for text, where in zip(texts, wheres, strict=True):
-        if text.lower() in _MISSING_VALUES:
-            numbers.append(float("nan"))
-            continue
-        try:
-            numbers.append(float(text))
-        except ValueError:
-            if task == "regression":
-                raise ValueError(
-                    f"target {name!r} at {where} is {text!r}, not a number; "
-                    "pass task='classification' for class labels"
-                ) from None
-            break
-    else:
-        return numbers, False
-    classes = sorted({text for text in texts if text.lower() not in _MISSING_VALUES})
-    index = {label: float(i) for i, label in enumerate(classes)}
-    return [index.get(text, float("nan")) for text in texts], True
-
-
 # --------------------------------------------------------------------------- cache
 
 
-def _cache_folder(cache_dir: Path | Literal[False] | None) -> Path | None:
-    if cache_dir is False:
-        return None
-    if cache_dir is None:
-        env = os.environ.get("CONTRASTKIT_CACHE")
-        cache_dir = Path(env) if env else Path.home() / ".cache" / "contrastkit" / "graphcl"
-    return Path(cache_dir)
-
-
-def _cache_key(plan: Plan, smiles_column: str, targets: tuple[str, ...], layout: str) -> str:
-    digest = hashlib.sha256()
-    options = {
-        "format": _CACHE_FORMAT,
-        "source": plan.name,
-        "smiles_column": smiles_column,
-        "targets": list(targets),
-        "task": plan.task,
-        "dedup": plan.dedup,
-        "layout": LAYOUTS[layout].version,
-    }
-    digest.update(json.dumps(options, sort_keys=True).encode())
-    for path in plan.files:
-        digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
-
-
-def _write_cache(path: Path, data: MoleculeData) -> None:
-    """Store ``data`` as plain tensors and lists (weights-only loadable), atomically."""
+def _cache_state(data: MoleculeData) -> dict[str, Any]:
+    """``data`` as plain tensors and lists (weights-only loadable), for the cache."""
     graphs = data.graphs
-    state: dict[str, Any] = {
-        "format": _CACHE_FORMAT,
+    return {
         "name": data.name,
         "layout": data.layout,
         "task": data.task,
@@ -363,27 +276,10 @@ def _write_cache(path: Path, data: MoleculeData) -> None:
         "edge_index": torch.cat([g.edge_index for g in graphs], dim=1),  # (2, sum 2m), local
         "edge_attr": torch.cat([g.edge_attr for g in graphs]),  # (sum 2m, F_bond)
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path) as handle:
-            torch.save(state, handle)
-    except OSError as error:
-        warnings.warn(
-            f"could not write the molecule cache {path}: {error}", RuntimeWarning, stacklevel=3
-        )
 
 
-def _read_cache(path: Path) -> MoleculeData | None:
-    """The cached data, or None when the file is unreadable or of another format."""
-    try:
-        state = torch.load(path, weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
-        warnings.warn(
-            f"ignoring unreadable molecule cache {path}: {error}", RuntimeWarning, stacklevel=3
-        )
-        return None
-    if not isinstance(state, dict) or state.get("format") != _CACHE_FORMAT:
-        return None
+def _from_cache_state(state: dict[str, Any]) -> MoleculeData:
+    """The :class:`MoleculeData` that :func:`_cache_state` stored."""
     num_nodes, num_edges = state["num_nodes"].tolist(), state["num_edges"].tolist()
     xs = state["x"].split(num_nodes)
     edge_indices = state["edge_index"].split(num_edges, dim=1)

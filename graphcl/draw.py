@@ -19,8 +19,12 @@ __all__ = ["draw_grid", "graph_to_mol"]
 
 _BOND_TYPES = {name: getattr(Chem.BondType, name) for name in e_map["bond_type"]}
 # the pretrain-gnns layout's bond types, in its order (Hu et al. 2019)
-_HU_BONDS = (Chem.BondType.SINGLE, Chem.BondType.DOUBLE, Chem.BondType.TRIPLE,
-             Chem.BondType.AROMATIC)  # fmt: skip
+_HU_BONDS = (
+    Chem.BondType.SINGLE,
+    Chem.BondType.DOUBLE,
+    Chem.BondType.TRIPLE,
+    Chem.BondType.AROMATIC,
+)
 
 
 def _atomic_number(index: int, layout: str) -> int:
@@ -65,18 +69,26 @@ def graph_to_mol(graph: Data, layout: str = "pyg") -> Chem.Mol:
 
 
 def draw_grid(
-    graphs: Sequence[Data], legends: Sequence[str], path: Path, *, layout: str = "pyg",
-    per_row: int = 4, size: int = 260,
-) -> Path:  # fmt: skip
+    graphs: Sequence[Data],
+    legends: Sequence[str],
+    path: Path,
+    *,
+    layout: str = "pyg",
+    per_row: int = 4,
+    size: int = 260,
+) -> Path:
     """One PNG with a drawing of each graph and its legend."""
     mols = [graph_to_mol(graph, layout) for graph in graphs]
     options = Draw.MolDrawOptions()
     # views are not valid molecules: draw them as they are
     options.prepareMolsBeforeDrawing = False  # type: ignore[assignment]
     image = Draw.MolsToGridImage(  # type: ignore[no-untyped-call]
-        mols, molsPerRow=per_row, subImgSize=(size, size), legends=list(legends),
+        mols,
+        molsPerRow=per_row,
+        subImgSize=(size, size),
+        legends=list(legends),
         drawOptions=options,
-    )  # fmt: skip
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(str(path))
     return path

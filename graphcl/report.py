@@ -14,13 +14,14 @@ from torch import Tensor, nn
 from graphcl.augment import AUGMENTATIONS
 from graphcl.data import MoleculeData, collate_graphs
 from graphcl.draw import draw_grid
+from graphcl.evaluate import embed
 from graphcl.features import LAYOUTS
 from shared.plots import plot_loss_curves, plot_tsne
 from shared.runs import RunDir
 from shared.runs import open_run as shared_open_run
-from shared.runtime import SINGLE_PROCESS, DistEnv, eval_mode
+from shared.runtime import SINGLE_PROCESS, DistEnv
 
-__all__ = ["augmentation_views", "embed", "open_run", "plot_joao", "pretrain_plots"]
+__all__ = ["augmentation_views", "open_run", "plot_joao", "pretrain_plots"]
 
 VIEW_NAMES = ("drop_nodes", "perturb_edges", "mask_attributes", "subgraph")
 
@@ -30,23 +31,6 @@ def open_run(
 ) -> RunDir:
     """The run folder: ``out``, or ``runs/graphcl/<kind>-<time>`` (see ``shared.runs.open_run``)."""
     return shared_open_run(out, Path("runs") / "graphcl" / kind, resume=resume, rank=env.rank)
-
-
-@torch.no_grad()
-def embed(
-    encoder: nn.Module, graphs: list[Any], device: torch.device, batch_size: int = 512
-) -> Tensor:
-    """Graph representations h of ``graphs`` in eval mode, on the CPU.
-
-    Shape:
-        result: ``(len(graphs), feature_dim)``.
-    """
-    with eval_mode(encoder):
-        parts = [
-            encoder(collate_graphs(graphs[i : i + batch_size]).to(device)).float().cpu()
-            for i in range(0, len(graphs), batch_size)
-        ]
-    return torch.cat(parts)
 
 
 def augmentation_views(graph: Any, layout: str, p: float, seed: int) -> tuple[list[Any], list[str]]:

@@ -3,7 +3,8 @@
 All three return a :class:`Split` of sorted long index tensors that together cover ``0..N-1``
 exactly once. The scaffold split is deterministic; the others draw from a ``torch.Generator``
 seeded with ``seed``, so the same seed gives the same split on every machine.
-"""
+:func:`make_split` picks one by name, as ``--split`` does, and can keep a seeded fraction of
+the training labels."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ from torch import Tensor
 
 from graphcl.features import quiet_rdkit
 
-__all__ = ["Split", "murcko_scaffold", "random_split", "scaffold_split", "stratified_split"]
+__all__ = [
+    "Split",
+    "make_split",
+    "murcko_scaffold",
+    "random_split",
+    "scaffold_split",
+    "stratified_split",
+]
 
 Fractions = tuple[float, float, float]
 _murcko_smiles: Callable[..., str] = MurckoScaffold.MurckoScaffoldSmiles
@@ -147,3 +155,38 @@ def stratified_split(
             part.append(chunk)
     empty = torch.empty(0, dtype=torch.long)
     return _split(*(torch.cat([empty, *part]) for part in parts))
+
+
+def make_split(
+    kind: str,
+    smiles: Sequence[str],
+    targets: Tensor | None = None,
+    *,
+    seed: int,
+    label_fraction: float = 1.0,
+) -> Split:
+    """The ``--split`` of a fine-tuning or probing run: ``"scaffold"`` (of ``smiles``),
+    ``"random"`` (seeded) or ``"stratified"`` (seeded, by the class of the first target, a
+    missing label being its own class). ``label_fraction < 1`` keeps
+    ``max(1, round(label_fraction · n_train))`` seeded training rows (the semi-supervised
+    setting); valid and test are kept whole.
+
+    Shape:
+        targets: ``(N, T)`` with NaN for a missing label (``"stratified"`` only).
+    """
+    if kind == "scaffold":
+        split = scaffold_split(smiles)
+    elif kind == "random":
+        split = random_split(len(smiles), seed=seed)
+    elif kind == "stratified":
+        if targets is None:
+            raise ValueError("a stratified split needs targets")
+        split = stratified_split(targets[:, 0].nan_to_num(-1).long(), seed=seed)
+    else:
+        raise ValueError(f"split must be scaffold, random or stratified, got {kind!r}")
+    train = split.train
+    if label_fraction < 1:
+        generator = torch.Generator().manual_seed(seed)
+        keep = max(1, round(label_fraction * train.numel()))
+        train = train[torch.randperm(train.numel(), generator=generator)[:keep]].sort().values
+    return Split(train, split.valid, split.test)

@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["fgsm_contrastive", "pgd_contrastive"]
+__all__ = ["Attack", "fgsm_contrastive", "pgd_contrastive"]
 
 LossFn = Callable[[Tensor], Tensor]
+Attack = Literal["fgsm", "pgd"]  # what robustness evaluation attacks with (imagecl eval --attack)
 
 # Madry et al. 2018 (PGD): step size 2.5 ε / steps, so that a walk can reach the boundary of the
 # ε-ball from anywhere in it (random start included) and move along it.

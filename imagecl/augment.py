@@ -32,11 +32,16 @@ import torch
 import torchvision.transforms.v2 as T
 from PIL import Image
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from imagecl.colour import GRAY_WEIGHTS as GRAY_WEIGHTS  # re-exported (kept importable from here)
-from imagecl.colour import ColorJitterParams, RandomGaussianBlur, RandomGrayscale
+from imagecl.colour import (
+    ColorJitterParams,
+    RandomGaussianBlur,
+    RandomGrayscale,
+    random_color_jitter,
+)
 from imagecl.colour import color_jitter as color_jitter  # re-exported (kept importable from here)
+from imagecl.crops import HorizontalFlip, ResizedCropBoxes, resized_crop
 
 BLUR_SIGMA = (0.1, 2.0)  # SimCLR Appendix A: σ ~ U(0.1, 2.0)
 MAX_JITTER_STRENGTH = 2.5  # hue magnitude 0.2s must stay ≤ 0.5 (half a turn)
@@ -163,72 +168,6 @@ def to_float(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Ten
     return _normalise(images.float().div_(255), mean_t, std_t)
 
 
-ATTEMPTS = 10  # torchvision's RandomResizedCrop: 10 tries, then a central crop
-
-
-@dataclass(frozen=True)
-class ResizedCropBoxes:
-    """Random resized crop boxes: torchvision's sampler, batched on the device.
-
-    Per row, up to 10 tries of an area fraction ``U(scale)`` and a log-uniform aspect ratio in
-    ``ratio``, the sides rounded to pixels; the first box that fits the image wins, else the
-    central crop of the largest box with an allowed ratio (torchvision's ``get_params``). The
-    top-left corner is uniform over the positions that keep the box inside.
-    """
-
-    scale: tuple[float, float]
-    ratio: tuple[float, float]
-
-    def __call__(self, batch: int, height: int, width: int, device: torch.device) -> Tensor:
-        """Boxes in pixels: left, top, width, height.
-
-        Shape:
-            returns: float ``(B, 4)`` on ``device``
-        """
-        low, high = math.log(self.ratio[0]), math.log(self.ratio[1])
-        u = torch.rand(batch, ATTEMPTS, 4, device=device)  # (B, T, 4): area, ratio, top, left
-        area = (self.scale[0] + (self.scale[1] - self.scale[0]) * u[..., 0]) * (height * width)
-        aspect = (low + (high - low) * u[..., 1]).exp_()  # (B, T)
-        w = (area * aspect).sqrt_().round_()  # (B, T)
-        h = (area / aspect).sqrt_().round_()
-        fits = (w >= 1) & (w <= width) & (h >= 1) & (h <= height)  # (B, T)
-        first = fits.to(torch.uint8).argmax(1, keepdim=True)  # (B, 1): the first box that fits
-        missed = ~fits.any(1)  # (B,): none fits, the central crop
-        fallback_w, fallback_h = _central_crop(height, width, self.ratio)
-        w = w.gather(1, first)[:, 0].masked_fill_(missed, fallback_w)  # (B,)
-        h = h.gather(1, first)[:, 0].masked_fill_(missed, fallback_h)
-        corner = u[..., 2:].gather(1, first[:, :, None].expand(-1, -1, 2))[:, 0]  # (B, 2)
-        top = (corner[:, 0] * (height + 1 - h)).floor_()  # (B,)
-        left = (corner[:, 1] * (width + 1 - w)).floor_()
-        top = top.masked_fill_(missed, (height - fallback_h) // 2)
-        left = left.masked_fill_(missed, (width - fallback_w) // 2)
-        return torch.stack([left, top, w, h], dim=1)  # (B, 4)
-
-
-def _central_crop(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, int]:
-    """torchvision's fallback box (width, height): the whole image, its ratio clamped."""
-    if width / height < ratio[0]:
-        return width, round(width / ratio[0])
-    if width / height > ratio[1]:
-        return round(height * ratio[1]), height
-    return width, height
-
-
-@dataclass(frozen=True)
-class HorizontalFlip:
-    """Mirror each row with probability ``p``.
-
-    Shape:
-        ``(B, C, H, W) -> (B, C, H, W)``
-    """
-
-    p: float
-
-    def __call__(self, x: Tensor) -> Tensor:
-        on = torch.rand(x.shape[0], device=x.device) < self.p  # (B,)
-        return torch.where(on[:, None, None, None], x.flip(-1), x)
-
-
 class SimCLRViews(nn.Module):
     """``V`` SimCLR views of every image of a uint8 batch, with per-view random parameters.
 
@@ -252,7 +191,8 @@ class SimCLRViews(nn.Module):
     blur reads σ on the host, all of which stall a GPU. They follow torchvision's recipes:
     :class:`ResizedCropBoxes` (its RandomResizedCrop sampler), :class:`ColorJitterParams`,
     :class:`HorizontalFlip`, :class:`RandomGrayscale`, :class:`RandomGaussianBlur`. The crop
-    (:meth:`_resized_crop`) and the colour jitter (:func:`color_jitter`) are batched tensor ops.
+    (:func:`imagecl.crops.resized_crop`) and the colour jitter (:func:`color_jitter`) are batched
+    tensor ops.
 
     Randomness: without ``generator`` the parameters come from torch's global streams (the
     images' device, and the CPU for the jitter order), so ``shared.runtime.seed_everything(seed,
@@ -313,7 +253,7 @@ class SimCLRViews(nn.Module):
         _check_images(images, self.mean.numel())
         with torch.autocast(images.device.type, enabled=False):  # fp32 whatever the loop's amp
             if generator is None:
-                return self._views(images)
+                return self.draw_views(images)
             seed = int(torch.randint(2**62, (), generator=generator, device=generator.device))
             cuda = images.device.type == "cuda"
             with torch.random.fork_rng(devices=[images.device] if cuda else []):
@@ -321,19 +261,27 @@ class SimCLRViews(nn.Module):
                 torch.default_generator.manual_seed(seed)
                 if cuda:
                     torch.cuda.default_generators[images.device.index].manual_seed(seed)
-                return self._views(images)
+                return self.draw_views(images)
 
-    def _views(self, images: Tensor) -> Tensor:
+    def draw_views(self, images: Tensor) -> Tensor:
+        """The views of ``images`` from torch's global random streams, in the caller's precision.
+
+        :meth:`forward` runs it with autocast disabled (and inside a forked RNG when given a
+        generator); a subclass that builds its views differently overrides this method.
+
+        Shape:
+            as :meth:`forward`
+        """
         n, c, h, w = images.shape
         v, size = self.views, self.size
         x = images.float().div_(255)[:, None].expand(n, v, c, h, w).reshape(n * v, c, h, w)
-        x = self._resized_crop(x).clamp_(0.0, 1.0)  # (N·V, C, size, size); bicubic overshoots
+        x = resized_crop(x, self.crop, size).clamp_(0.0, 1.0)  # (N·V, C, size, size)
         if self.flip is not None:
             x = self.flip(x)
         image_channels = 1 if c == 1 else 3
         y = x[:, :image_channels]  # (N·V, 1 or 3, size, size): the photometric ops' share
         if c >= 3 and self.jitter is not None:
-            y = self._color_jitter(self.jitter, y)
+            y = random_color_jitter(y, self.jitter)
         if c >= 3 and self.gray is not None:
             y = self.gray(y)
         if self.blur is not None:
@@ -342,44 +290,6 @@ class SimCLRViews(nn.Module):
             y = torch.cat([y, x[:, image_channels:]], dim=1)  # (N·V, C, size, size)
         x = _normalise(y, self.mean, self.std)  # in place: our own buffer, never the input
         return x.reshape(n, v, c, size, size)  # (N, V, C, size, size)
-
-    @staticmethod
-    def _color_jitter(jitter: ColorJitterParams, x: Tensor) -> Tensor:
-        """``jitter``'s draws (per-view factors and gate) applied by :func:`color_jitter`, in an
-        order drawn once per call; views the gate skips are returned unchanged."""
-        factors, on = jitter(x.shape[0], x.device)  # (B, 4), (B,)
-        jittered = color_jitter(x, factors, SimCLRViews._jitter_order())
-        return torch.where(on[:, None, None, None], jittered, x)
-
-    @staticmethod
-    def _jitter_order() -> list[int]:
-        """The order of the four jitter steps, from the CPU stream: it decides which kernels
-        run, so it is drawn on the host, where reading it waits for no device."""
-        return torch.randperm(4).tolist()
-
-    def _resized_crop(self, x: Tensor) -> Tensor:
-        """Bicubic resize of one random box per row to ``size × size``, edges replicated.
-
-        Box corners map to the output's corner pixel centres (``align_corners=True``); the
-        border is replicated, not zero-padded, so a crop touching the border keeps its values.
-
-        Shape:
-            x: float ``(B, C, H, W)``; returns ``(B, C, size, size)``
-        """
-        b, c, h, w = x.shape
-        if b == 0:  # affine_grid refuses an empty batch
-            return x.new_empty(0, c, self.size, self.size)
-        left, top, box_w, box_h = self.crop(b, h, w, x.device).unbind(1)  # (B,) each, pixels
-        # output [-1, 1] -> input [-1, 1]: x_in = sx · x_out + tx, box corners to pixel centres
-        sx, sy = (box_w - 1) / max(w - 1, 1), (box_h - 1) / max(h - 1, 1)  # (B,)
-        tx, ty = (
-            (2 * left + box_w - 1) / max(w - 1, 1) - 1,
-            (2 * top + box_h - 1) / max(h - 1, 1) - 1,
-        )
-        zero = torch.zeros_like(sx)
-        theta = torch.stack([sx, zero, tx, zero, sy, ty], dim=1).view(b, 2, 3)  # (B, 2, 3)
-        grid = F.affine_grid(theta, [b, 1, self.size, self.size], align_corners=True)
-        return F.grid_sample(x, grid, mode="bicubic", padding_mode="border", align_corners=True)
 
     def extra_repr(self) -> str:
         return f"size={self.size}, views={self.views}, config={self.config}"

@@ -2,7 +2,9 @@
 
 ``train`` (SimCLR, SupCon, cross-entropy, CLAE or LoCo), ``eval`` (linear probe, kNN,
 corruptions and attacks on a trained encoder), ``finetune`` (SimCLR's semi-supervised
-protocol against scratch) and ``study`` (the papers' findings as grids of small runs).
+protocol against scratch) and ``study`` (the papers' findings as grids of small runs). Each
+command is :mod:`imagecl.commands`' module of that name, imported when it runs, so that
+``imagecl --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -14,30 +16,27 @@ from shared.cli import PipelineMain, dispatch
 
 
 def _train(argv: list[str]) -> Any:
-    from imagecl.train import main  # lazy: `imagecl --help` stays fast
+    from imagecl.commands.train import main
 
     return main(argv)
 
 
 def _eval(argv: list[str]) -> Any:
-    from imagecl.evaluate import main
+    from imagecl.commands.eval import main
 
     return main(argv)
 
 
 def _finetune(argv: list[str]) -> Any:
-    from imagecl.finetune import main
+    from imagecl.commands.finetune import main
 
     return main(argv)
 
 
 def _study(argv: list[str]) -> Any:
-    from imagecl.studies import main
+    from imagecl.commands.study import main
 
-    status = main(argv)  # the study's own dispatch: `imagecl study <name> [options]`
-    if status:
-        raise SystemExit(status)
-    return status
+    return main(argv)
 
 
 # name -> (one-line help, main(argv))

@@ -5,13 +5,15 @@ device.
 
 :func:`color_jitter` applies brightness, contrast, saturation and hue in a given order, with the
 formulas of ``torchvision.transforms.v2.functional.adjust_*``; the hue rotation works on the HSV
-hexcone without building HSV images (kornia's HSV round trip was 60% of a CIFAR batch's time).
-:class:`ColorJitterParams` draws its factors as torchvision's ColorJitter does.
+hexcone without building HSV images (no RGB → HSV → RGB round trip of the batch, as kornia's
+jitter makes). :class:`ColorJitterParams` draws its factors as torchvision's ColorJitter does
+and :func:`random_color_jitter` applies its draws in a random order.
 :class:`imagecl.augment.SimCLRViews` runs them all.
 
 Nothing here builds a tensor from host data on a call (no ``torch.tensor`` of constants, no
-Python scalar turned into a tensor by ``torch.where``) or reads a value back, so on a GPU a call
-only queues kernels.
+Python scalar turned into a tensor by ``torch.where``) or reads a device value back, so on a GPU
+a call only queues kernels; the one host-side draw is :func:`jitter_order`'s permutation, on the
+CPU stream.
 """
 
 from __future__ import annotations
@@ -180,3 +182,26 @@ class ColorJitterParams:
             columns.append(low + (1.0 + m - low) * u[:, k])  # (B,)
         columns.append(self.hue * (2 * u[:, 3] - 1))
         return torch.stack(columns, dim=1), u[:, 4] < self.p  # (B, 4), (B,)
+
+
+def jitter_order() -> list[int]:
+    """A random order of the four jitter steps (0..3, :func:`color_jitter`), from the CPU stream.
+
+    The order decides which kernels run, so it is drawn on the host, where reading it waits for
+    no device.
+    """
+    return torch.randperm(4).tolist()
+
+
+def random_color_jitter(x: Tensor, jitter: ColorJitterParams) -> Tensor:
+    """``jitter``'s draws (factors and gate per row) applied by :func:`color_jitter`.
+
+    The order of the steps is drawn once per call (:func:`jitter_order`), the factors per row;
+    rows the gate skips are returned unchanged.
+
+    Shape:
+        x: float ``(B, 3, H, W)`` in [0, 1]; returns ``(B, 3, H, W)``
+    """
+    factors, on = jitter(x.shape[0], x.device)  # (B, 4), (B,)
+    jittered = color_jitter(x, factors, jitter_order())
+    return torch.where(on[:, None, None, None], jittered, x)

@@ -6,8 +6,8 @@ by blending each MNIST digit over a patch cut at random from a colour photograph
 weak cue (the background dominates them) and the digit is a change of colour against the
 background, so grayscale or colour-blind features lose. Here the photographs are the RGB ones
 that scikit-image installs in ``skimage/data`` (read through ``importlib.resources``, never copied),
-and the digits are sklearn's, upsampled (``imagecl.data``); everything is a pure function of the
-seed, built in memory in a fraction of a second.
+and the digits are sklearn's, upsampled (:func:`imagecl.sources.digit_images`); everything is a
+pure function of the seed, built in memory.
 """
 
 from __future__ import annotations

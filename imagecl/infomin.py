@@ -30,7 +30,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from imagecl.data import digit_images
+from imagecl.sources import digit_images
 
 __all__ = [
     "FACTORS",

@@ -19,21 +19,22 @@ batch, so they refuse to run distributed rather than silently change what they c
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from shared.losses import (
+    MemoryQueue,
     generalized_contrastive_loss,
     masked_logsumexp,
     nt_logistic_loss,
     nt_xent_loss,
     two_view_info_nce_loss,
 )
-from shared.losses.core import autocast_off
-from shared.losses.generalized import PRIORS
+from shared.losses.common import autocast_off
+from shared.losses.generalized import PRIORS, Prior
 
 __all__ = [
     "LOSSES",
@@ -110,49 +111,62 @@ def margin_triplet_loss(
         return (hinge * negative).sum() / negative.sum().clamp(min=1)
 
 
-def check_loss_settings(cfg: Any) -> None:
-    """Refuse loss settings the config cannot honour (called by ``Config.__post_init__``)."""
-    if cfg.loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {cfg.loss!r}")
-    if cfg.prior not in PRIORS:
-        raise ValueError(f"prior must be one of {PRIORS}, got {cfg.prior!r}")
-    if not cfg.lam >= 0 or not cfg.margin >= 0:
-        raise ValueError(f"lam and margin must be >= 0, got {cfg.lam} and {cfg.margin}")
-    if cfg.loss == "nt_xent":
-        if not cfg.normalize and cfg.queue_size:
-            raise ValueError("the queue contrasts normalised keys: drop --no-normalize")
-        if not cfg.normalize and cfg.is_adversarial:
-            raise ValueError("adversarial views use the normalised NT-Xent: drop --no-normalize")
-        return
-    if cfg.method != "simclr":
-        raise ValueError(f"loss {cfg.loss!r} applies to method simclr only (got {cfg.method})")
-    if cfg.queue_size or cfg.adversarial:
-        raise ValueError(f"loss {cfg.loss!r} takes no queue and no adversarial views")
+def check_loss_settings(*, loss: str, prior: str, lam: float, margin: float) -> None:
+    """Refuse values that no loss of :func:`simclr_loss` takes (``Config.__post_init__`` calls
+    it; which methods take which loss is each method's check, :mod:`imagecl.steps`)."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if prior not in PRIORS:
+        raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
+    if not lam >= 0 or not margin >= 0:
+        raise ValueError(f"lam and margin must be >= 0, got {lam} and {margin}")
 
 
-def simclr_loss(model: nn.Module, z: Tensor, cfg: Any, gather: bool) -> Tensor:
-    """The SimCLR pipeline's loss of ``cfg.loss`` on two views; with a queue (NT-Xent only)
-    both directions of InfoNCE against in-batch keys + queue.
+def simclr_loss(
+    z: Tensor,
+    *,
+    loss: LossName = "nt_xent",
+    temperature: float,
+    normalize: bool = True,
+    prior: Prior = "uniform_hypersphere",
+    lam: float = 1.0,
+    margin: float = 0.5,
+    queue: MemoryQueue | None = None,
+    gather: bool = False,
+) -> Tensor:
+    """The SimCLR pipeline's ``loss`` on two views; with a ``queue`` (NT-Xent only) both
+    directions of InfoNCE against in-batch keys + queue, and the views join the queue.
+
+    Args:
+        z: both views' projections.
+        loss: nt_xent, nt_logistic, triplet or generalized (see the module docstring).
+        temperature: τ of nt_xent, nt_logistic and the generalized loss's decoupled NT-Xent
+            prior.
+        normalize: ℓ2-normalise z (nt_xent, nt_logistic, triplet; SimCLR Table 5).
+        prior, lam: the generalized loss's distribution term and its weight.
+        margin: the triplet loss's margin on squared distances.
+        queue: extra negatives (MoCo's queue); nt_xent with normalised z only.
+        gather: contrast every rank's samples (nt_xent with normalised z only; the others
+            contrast the local batch and refuse to run distributed).
 
     Shape:
         z: ``(N, 2, D)``; result: scalar.
     """
     z1, z2 = z[:, 0], z[:, 1]
-    if gather and (cfg.loss != "nt_xent" or not cfg.normalize):
-        raise ValueError(f"loss {cfg.loss!r} contrasts the local batch only: run one process")
-    if cfg.loss == "nt_logistic":
-        return nt_logistic_loss(z1, z2, temperature=cfg.tau, normalize=cfg.normalize)
-    if cfg.loss == "triplet":
-        return margin_triplet_loss(z1, z2, margin=cfg.margin, normalize=cfg.normalize)
-    if cfg.loss == "generalized":
-        return generalized_contrastive_loss(
-            z1, z2, prior=cfg.prior, lam=cfg.lam, temperature=cfg.tau
-        )
-    queue = getattr(model, "queue", None)
+    if gather and (loss != "nt_xent" or not normalize):
+        raise ValueError(f"loss {loss!r} contrasts the local batch only: run one process")
+    if loss == "nt_logistic":
+        return nt_logistic_loss(z1, z2, temperature=temperature, normalize=normalize)
+    if loss == "triplet":
+        return margin_triplet_loss(z1, z2, margin=margin, normalize=normalize)
+    if loss == "generalized":
+        return generalized_contrastive_loss(z1, z2, prior=prior, lam=lam, temperature=temperature)
     if queue is None:
-        if not cfg.normalize:
-            return nt_xent(z1, z2, temperature=cfg.tau, normalize=False)
-        return nt_xent_loss(z1, z2, temperature=cfg.tau, gather=gather)
-    loss = two_view_info_nce_loss(z1, z2, queue.negatives(), temperature=cfg.tau, gather=gather)
+        if not normalize:
+            return nt_xent(z1, z2, temperature=temperature, normalize=False)
+        return nt_xent_loss(z1, z2, temperature=temperature, gather=gather)
+    result = two_view_info_nce_loss(
+        z1, z2, queue.negatives(), temperature=temperature, gather=gather
+    )
     queue.enqueue(z.detach().flatten(0, 1))  # (2N, D) of every rank join the queue
-    return loss
+    return result

@@ -1,95 +1,159 @@
-"""The image model every method trains: backbone -> h, projection head -> z, classifiers on h.
+"""Building ``imagecl train``'s model and everything a run needs, and loading a trained one.
 
-SimCLR and SupCon contrast z = g(h) and evaluate h (Chen et al. 2020, Sec. 2.1); cross-entropy
-trains a linear classifier on h end to end. Two further classifiers read a *detached* h, so
-their gradients never reach the backbone: SupCon's joint classifier (trained alongside the
-contrastive loss, the one-stage variant of Khosla et al. 2020) and the online linear probe that
-shows representation quality while training. A MoCo-style queue of past keys can ride along;
-as a submodule its buffers are in ``state_dict``, hence in every checkpoint.
+:func:`build_model` makes the backbone and the method's model around it (its entry in
+:data:`imagecl.steps.METHODS`), :func:`build` adds the data, loader, on-device views,
+optimizer (LARS, SGD or AdamW with linear learning-rate scaling, lr × batch / 256, the online
+probe in its own group without weight decay) and SimCLR's warm-up + cosine schedule;
+:func:`load_trained` rebuilds the model of a run folder from its config and checkpoint.
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
-from torch import Tensor, nn
+import torch
+from torch import nn
 
-from imagecl.backbones import Backbone
-from shared.heads import LinearHead, simclr_v1_head, simclr_v2_head
-from shared.losses import MemoryQueue
+from imagecl.augment import SimCLRViews
+from imagecl.backbones import build_backbone, to_channels_last
+from imagecl.config import Config
+from imagecl.data import ImageData, collate_uint8, load_data
+from imagecl.loco_model import LoCoModel
+from imagecl.steps import METHODS
+from shared.checkpoint import load_checkpoint
+from shared.config import load_config
+from shared.optim import LARS, lars_param_groups, warmup_cosine_schedule
+from shared.runtime import SINGLE_PROCESS, DistEnv, make_loader, seed_everything, wrap_ddp
 
-__all__ = ["HEADS", "ImageModel", "ModelOutput", "build_head"]
-
-Head = Literal["mlp", "mlp3", "linear", "none"]
-HEADS: tuple[str, ...] = ("mlp", "mlp3", "linear", "none")
-
-
-class ModelOutput(NamedTuple):
-    """What one forward computes; fields are ``None`` where the model has no such part."""
-
-    h: Tensor  # (B, feature_dim) representation, the one evaluated
-    z: Tensor | None  # (B, head_dim) projection, the one contrasted
-    logits: Tensor | None  # (B, C) classifier: end to end (ce) or on detached h (joint)
-    probe_logits: Tensor | None  # (B, C) online linear probe on detached h
+__all__ = ["Built", "build", "build_model", "load_trained", "without_compile_prefix"]
 
 
-def build_head(kind: Head, in_dim: int, out_dim: int = 128) -> nn.Module:
-    """SimCLR's heads: ``mlp`` (v1, 2 layers), ``mlp3`` (v2, 3 layers with BN), ``linear``,
-    ``none`` (z = h, SimCLR Fig. 8's "no projection")."""
-    if kind == "mlp":
-        return simclr_v1_head(in_dim, out_dim)
-    if kind == "mlp3":
-        return simclr_v2_head(in_dim, out_dim)
-    if kind == "linear":
-        return nn.Linear(in_dim, out_dim)
-    if kind == "none":
-        return nn.Identity()
-    raise ValueError(f"head must be one of {HEADS}, got {kind!r}")
+class Built(NamedTuple):
+    """Everything :func:`build` makes for one run."""
+
+    model: nn.Module  # DDP-wrapped when distributed
+    views: SimCLRViews
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: torch.utils.data.DataLoader[Any]
+    data: ImageData
 
 
-class ImageModel(nn.Module):
-    """Backbone with an optional head, classifier, online probe and queue.
+def build_model(cfg: Config, data: ImageData) -> nn.Module:
+    """The model of ``cfg`` for ``data``'s channels and classes (identical on every rank when
+    seeded the same way before the call): the backbone, and around it the method's model
+    (:data:`imagecl.steps.METHODS`)."""
+    backbone = build_backbone(
+        cfg.backbone, in_channels=data.channels, cifar_stem=cfg.cifar_stem, width=cfg.width
+    )
+    method = METHODS[cfg.method]
+    if method.labels and data.num_classes < 2:
+        raise ValueError(f"method {cfg.method} needs labels; data set {data.name!r} has none")
+    return method.model(cfg, backbone, data.num_classes)
 
-    ``classifier_detached`` says whether the classifier reads ``h.detach()`` (SupCon's joint
-    classifier) or ``h`` (cross-entropy training).
 
-    Shape:
-        input: ``(B, C, H, W)`` float, normalised; output fields as in :class:`ModelOutput`.
+def _optimizer(cfg: Config, model: nn.Module, world_size: int) -> torch.optim.Optimizer:
+    """LARS/SGD/Adam over the trained parts; the online probe in its own group."""
+    probe_head = getattr(model, "probe", None)
+    probe = set() if probe_head is None else {id(p) for p in probe_head.parameters()}
+    main = nn.ModuleDict({k: v for k, v in model.named_children() if k != "probe"})
+    lr = cfg.lr * cfg.batch_size * world_size / 256 if cfg.optimizer != "adam" else cfg.lr
+    groups = lars_param_groups(main, cfg.weight_decay)
+    for group in groups:
+        group["params"] = [p for p in group["params"] if id(p) not in probe]
+    if probe_head is not None:
+        groups.append(
+            {"params": list(probe_head.parameters()), "weight_decay": 0.0, "lars_adapt": False}
+        )
+        groups[-1]["lr"] = cfg.probe_lr if cfg.optimizer != "adam" else cfg.probe_lr / 10
+    if cfg.optimizer == "lars":
+        return LARS(groups, lr=lr, momentum=cfg.momentum)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def build(
+    cfg: Config,
+    *,
+    device: torch.device,
+    env: DistEnv = SINGLE_PROCESS,
+    data: ImageData | None = None,
+) -> Built:
+    """Data, model (on ``device``, DDP-wrapped when distributed), views, optimizer, schedule."""
+    if data is None:
+        data = load_data(
+            cfg.data,
+            root=cfg.data_root,
+            seed=cfg.seed,
+            download=cfg.download,
+            image_size=cfg.image_size,
+        )
+    seed_everything(cfg.seed)  # the same initial weights on every rank
+    model = build_model(cfg, data).to(device)
+    model = to_channels_last(model, device)
+    if cfg.compile:  # in place: the state_dict keys (checkpoints, export) stay the plain ones
+        model.get_submodule("backbone").compile()
+        if isinstance(model, LoCoModel):  # its training calls the units, not the backbone
+            model.compile_units()
+    seed_everything(cfg.seed, rank=env.rank)  # each rank its own augmentations from here on
+    dataset = data.train if METHODS[cfg.method].labels else data.pretrain
+    if len(dataset) < cfg.batch_size:
+        raise ValueError(
+            f"batch_size {cfg.batch_size} is larger than the {len(dataset)} training images of "
+            f"{data.name!r} (the last incomplete batch is dropped)"
+        )
+    loader = make_loader(
+        dataset,
+        cfg.batch_size,
+        shuffle=True,
+        seed=cfg.seed,
+        dist=env,
+        num_workers=cfg.num_workers,
+        collate_fn=collate_uint8,
+        pin_memory=device.type == "cuda",
+    )
+    optimizer = _optimizer(cfg, model, env.world_size)
+    steps_per_epoch = len(loader)
+    total = cfg.epochs * steps_per_epoch
+    if cfg.max_steps is not None:
+        total = min(total, cfg.max_steps)
+    warmup = min(round(cfg.warmup_epochs * steps_per_epoch), total - 1)
+    scheduler = warmup_cosine_schedule(optimizer, warmup_steps=warmup, total_steps=total)
+    views = SimCLRViews(
+        data.image_size, data.mean, data.std, cfg.augment_preset(data.channels), views=cfg.num_views
+    ).to(device)  # once: its constants live there, each step copies nothing from the host
+    return Built(wrap_ddp(model, env), views, optimizer, scheduler, loader, data)
+
+
+def load_trained(
+    checkpoint: Path, *, data_root: Path | None = None, device: torch.device
+) -> tuple[Config, ImageData, Any]:
+    """The config, data and model of a training run, from its ``checkpoints/*.pt``.
+
+    The run's ``config.json`` (two folders up) rebuilds the model; ``data_root`` overrides the
+    recorded data location (e.g. the run was trained on another machine).
     """
+    checkpoint = Path(checkpoint)
+    config_path = checkpoint.resolve().parent.parent / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"{config_path} does not exist: --checkpoint must lie in a run folder written by "
+            "imagecl train (run/checkpoints/last.pt beside run/config.json)"
+        )
+    cfg = load_config(Config, config_path)
+    state = load_checkpoint(checkpoint)
+    data = load_data(
+        cfg.data, root=data_root or cfg.data_root, seed=cfg.seed, image_size=cfg.image_size
+    )
+    model = build_model(cfg, data)
+    model.load_state_dict(without_compile_prefix(state["model"]))
+    return cfg, data, model.to(device).eval()
 
-    def __init__(
-        self,
-        backbone: Backbone,
-        *,
-        head: nn.Module | None = None,
-        num_classes: int = 0,
-        classifier: Literal["none", "end_to_end", "detached"] = "none",
-        online_probe: bool = False,
-        queue: MemoryQueue | None = None,
-    ) -> None:
-        super().__init__()
-        if classifier not in ("none", "end_to_end", "detached"):
-            raise ValueError(f"classifier must be none, end_to_end or detached, got {classifier!r}")
-        if (classifier != "none" or online_probe) and num_classes < 2:
-            raise ValueError(f"a classifier or probe needs >= 2 classes, got {num_classes}")
-        self.backbone = backbone
-        self.head = head
-        self.classifier_mode = classifier
-        dim = backbone.feature_dim
-        self.classifier = None if classifier == "none" else LinearHead(dim, num_classes)
-        self.probe = LinearHead(dim, num_classes) if online_probe else None
-        self.queue = queue
 
-    @property
-    def feature_dim(self) -> int:
-        return self.backbone.feature_dim
-
-    def forward(self, x: Tensor) -> ModelOutput:
-        h = self.backbone(x)  # (B, feature_dim)
-        z = None if self.head is None else self.head(h)  # (B, head_dim)
-        logits = None
-        if self.classifier is not None:
-            detached = self.classifier_mode == "detached"
-            logits = self.classifier(h.detach() if detached else h)  # (B, C)
-        probe_logits = None if self.probe is None else self.probe(h.detach())  # (B, C)
-        return ModelOutput(h, z, logits, probe_logits)
+def without_compile_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the ``_orig_mod.`` segment that a ``torch.compile`` wrapper puts into every
+    key of the wrapped module removed (checkpoints of runs whose backbone was compiled that way
+    say ``backbone._orig_mod.features.0.weight`` for ``backbone.features.0.weight``)."""
+    return {".".join(p for p in k.split(".") if p != "_orig_mod"): v for k, v in state.items()}

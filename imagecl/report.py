@@ -1,4 +1,9 @@
-"""Run folders and pictures shared by the ``imagecl`` commands (train, eval, finetune)."""
+"""Run folders, plots and report sections of the ``imagecl`` commands (train, eval, finetune).
+
+:func:`finish_run` closes a training run: it exports the encoder, evaluates it
+(:mod:`imagecl.evaluate`), plots, and writes ``summary.json`` and ``report.md``; the sections
+and plots of ``imagecl eval`` (attacks, corruptions) are here as well.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from imagecl.attacks import Attack
 from imagecl.augment import SimCLRViews
+from imagecl.config import Config
 from imagecl.data import ImageData, images_and_labels, skipped_summary
 from imagecl.dual_bn import revert_dual_bn
-from imagecl.evaluate import attack_section, encode, evaluate_encoder
-from imagecl.loco import LoCoModel
-from imagecl.models import ImageModel
+from imagecl.evaluate import encode, evaluate_encoder
+from imagecl.loco_model import LoCoModel
+from imagecl.models import Built
+from imagecl.networks import ImageModel
 from shared.checkpoint import export_encoder
 from shared.plots import plot_loss_curves, plot_tsne, save_image_grid
 from shared.runs import RunDir, write_report, write_summary
@@ -26,11 +34,15 @@ from shared.runtime import SINGLE_PROCESS, DistEnv, unwrap
 
 __all__ = [
     "RUN_ATTACK_EPS",
+    "RUN_ATTACK_STEPS",
     "StageReadout",
+    "attack_section",
+    "corruption_table",
     "describe_run",
     "finish_run",
     "open_run",
     "plot_accuracies",
+    "plot_severity",
     "plot_training_curves",
     "readout_table",
     "save_views_grid",
@@ -41,9 +53,14 @@ __all__ = [
 
 # metrics.csv columns worth a panel, in this order, when present; LoCo's unit{k}_loss follow
 CURVES = (
-    "loss", "contrastive_loss", "adversarial_loss", "train_acc", "probe_acc", "classifier_acc",
+    "loss",
+    "contrastive_loss",
+    "adversarial_loss",
+    "train_acc",
+    "probe_acc",
+    "classifier_acc",
     "knn20_acc",
-)  # fmt: skip
+)
 UNIT_LOSS = re.compile(r"unit\d+_loss")
 # An adversarial run's own robustness check: PGD-10 at 2/255 in [0, 1] pixel units, what
 # `imagecl eval --attack pgd` and benchmarks/imagecl_robust_results.py use by default.
@@ -172,7 +189,7 @@ def plot_accuracies(
 
 
 def finish_run(
-    run: RunDir, cfg: Any, built: Any, steps: int, device: torch.device
+    run: RunDir, cfg: Config, built: Built, steps: int, device: torch.device
 ) -> dict[str, Any]:
     """Export the encoder, evaluate it, plot, and write ``summary.json`` and ``report.md``.
 
@@ -185,13 +202,17 @@ def finish_run(
     # a CLAE backbone's adversarial batch-norm twins are a training device: the export holds
     # the clean branch only, so it loads into the plain backbone of the same architecture
     export_encoder(
-        revert_dual_bn(copy.deepcopy(model.backbone)), run.path / "encoder.safetensors",
+        revert_dual_bn(copy.deepcopy(model.backbone)),
+        run.path / "encoder.safetensors",
         metadata={"backbone": cfg.backbone, "method": cfg.method, "data": cfg.data},
-    )  # fmt: skip
+    )
     data = built.data
     summary: dict[str, Any] = {
-        "method": cfg.method, "data": cfg.data, "steps": steps, "skipped": len(data.skipped),
-    }  # fmt: skip
+        "method": cfg.method,
+        "data": cfg.data,
+        "steps": steps,
+        "skipped": len(data.skipped),
+    }
     sections = {"Run": describe_run(cfg, data)}
     sections.update(skipped_section(data, run))
     if data.num_classes >= 2 and len(data.test):
@@ -209,17 +230,22 @@ def finish_run(
 def _evaluate_into(
     summary: dict[str, Any],
     run: RunDir,
-    cfg: Any,
+    cfg: Config,
     model: ImageModel | LoCoModel,
     data: ImageData,
     device: torch.device,
 ) -> dict[str, str]:
     """The frozen-encoder numbers into ``summary``, their plots, and report sections."""
-    adversarial = bool(cfg.is_adversarial)
+    adversarial = cfg.is_adversarial
     numbers = evaluate_encoder(
-        model.backbone, data, device=device, seed=cfg.seed,
-        attack="pgd" if adversarial else None, eps=RUN_ATTACK_EPS, attack_steps=RUN_ATTACK_STEPS,
-    )  # fmt: skip
+        model.backbone,
+        data,
+        device=device,
+        seed=cfg.seed,
+        attack="pgd" if adversarial else None,
+        eps=RUN_ATTACK_EPS,
+        attack_steps=RUN_ATTACK_STEPS,
+    )
     summary.update(numbers)
     sections: dict[str, str] = {}
     clean = numbers["linear_probe_accuracy"]
@@ -227,9 +253,11 @@ def _evaluate_into(
         robust = numbers["pgd_robust_accuracy"]
         label = f"PGD-{RUN_ATTACK_STEPS}, ε = {255 * RUN_ATTACK_EPS:.3g}/255"
         plot_accuracies(
-            {"clean": clean, label: robust}, run.plots / "robust_accuracy.png",
-            xlabel="test images", title=f"{cfg.method}: clean and robust probe accuracy",
-        )  # fmt: skip
+            {"clean": clean, label: robust},
+            run.plots / "robust_accuracy.png",
+            xlabel="test images",
+            title=f"{cfg.method}: clean and robust probe accuracy",
+        )
         sections["Adversarial robustness"] = attack_section(
             "pgd", RUN_ATTACK_EPS, RUN_ATTACK_STEPS, clean=clean, robust=robust
         )
@@ -239,9 +267,10 @@ def _evaluate_into(
             summary[f"stage{stage}_probe_accuracy"] = accuracy
         plot_accuracies(
             {f"stage {k + 1}": a for k, a in enumerate(accuracies)},
-            run.plots / "loco_readout.png", xlabel="readout after stage",
+            run.plots / "loco_readout.png",
+            xlabel="readout after stage",
             title=f"{_loco_kind(model)}: linear probe on each stage's pooled output",
-        )  # fmt: skip
+        )
         sections["Readout per stage"] = (
             f"{_loco_kind(model)}: a linear probe on the globally pooled output of each stage "
             "(frozen, un-augmented images; the last stage is the backbone's h).\n\n"
@@ -262,7 +291,8 @@ def _loco_kind(model: LoCoModel) -> str:
     return "LoCo (overlap 1)" if model.overlap else "Greedy InfoMax (overlap 0)"
 
 
-def describe_run(cfg: Any, data: ImageData) -> str:
+def describe_run(cfg: Config, data: ImageData) -> str:
+    """Markdown: what the run trained, on what, with which settings."""
     text = (
         f"{cfg.method} with a {cfg.backbone} backbone on {data.name} ({len(data.train)} train / "
         f"{len(data.test)} test images, {data.channels}×{data.image_size}×{data.image_size}), "
@@ -286,3 +316,49 @@ def describe_run(cfg: Any, data: ImageData) -> str:
         "The linear probe is fit on frozen h of the training split (weight decay chosen on a "
         "held-out part of it) and scored once on the test split."
     )
+
+
+def attack_section(attack: Attack, eps: float, steps: int, *, clean: float, robust: float) -> str:
+    """Markdown: the attack's settings and the probe's clean and robust accuracy."""
+    how = (
+        "one FGSM step"
+        if attack == "fgsm"
+        else f"PGD, {steps} steps of 2.5 ε / {steps}, random start in the ε-ball"
+    )
+    return (
+        f"L∞ attack on the test images, ε = {eps:.5g} in [0, 1] pixel units ({255 * eps:.3g}/255), "
+        f"{how}, maximising the cross-entropy of the linear probe on the frozen encoder "
+        f"(pixels → normalise → encoder → probe, eval mode). Accuracy: clean "
+        f"{100 * clean:.1f} %, under attack {100 * robust:.1f} %."
+    )
+
+
+def corruption_table(table: dict[str, dict[int, float]]) -> str:
+    """Markdown: one row per corruption, one column per severity, and the row mean."""
+    severities = sorted({s for per in table.values() for s in per})
+    head = "| corruption | " + " | ".join(f"s{s}" for s in severities) + " | mean |"
+    lines = [head, "|---" * (len(severities) + 2) + "|"]
+    for name, per in table.items():
+        cells = [f"{100 * per[s]:.1f}" for s in severities]
+        mean = 100 * sum(per.values()) / len(per)
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean:.1f} |")
+    return "\n".join(lines)
+
+
+def plot_severity(table: dict[str, dict[int, float]], path: Path, *, clean: float) -> Path:
+    """Accuracy against severity, one line per corruption, the clean accuracy dashed."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0, 3.6))
+    ax = fig.subplots()
+    for name, per in table.items():
+        severities = sorted(per)
+        ax.plot(severities, [100 * per[s] for s in severities], marker="o", label=name)
+    ax.axhline(100 * clean, linestyle="--", color="gray", label="clean")
+    ax.set_xlabel("severity")
+    ax.set_ylabel("probe accuracy (%)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path

@@ -208,7 +208,11 @@ def wrap_image_data(
         pretrain = TensorImageDataset(pretrain_images, pretrain_y)
     mean, std = _normalising_stats(train_images if len(train) else pretrain.images)
     wrapped = data._replace(
-        train=train, test=test, pretrain=pretrain, channels=train_images.shape[1],
-        mean=mean, std=std,
-    )  # fmt: skip
+        train=train,
+        test=test,
+        pretrain=pretrain,
+        channels=train_images.shape[1],
+        mean=mean,
+        std=std,
+    )
     return WrappedData(wrapped, train_extra, test_extra)

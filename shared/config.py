@@ -9,13 +9,15 @@ the dataclass so its own validation runs. The resolved config is saved with ever
 
 Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``),
 ``pathlib.Path``, ``Literal[...]`` (choices), ``tuple[X, ...]`` and fixed ``tuple[X, Y]`` of
-those scalars, and ``X | None`` (the word ``none`` on the command line, ``null`` in a file).
+those scalars, and ``X | None`` (the word ``none`` on the command line, ``null`` in a file);
+:mod:`shared.field_types` checks and converts them.
 
 Each flag is spelled once, with dashes (field ``data_root`` is ``--data-root``). Its help is
 written once, next to the field, in the first of these places that has it: ``metadata={"help":
 ...}``, a docstring on the line below the field, or the field's trailing ``# comment`` (the
 conventions tyro reads). A comment line ``# group: <title>`` in the class body puts the fields
-below it, up to the next such line, under that heading in ``--help``::
+below it, up to the next such line, under that heading in ``--help`` (:mod:`shared.field_notes`
+reads them)::
 
     @dataclass(frozen=True)
     class Config:
@@ -28,24 +30,19 @@ below it, up to the next such line, under that heading in ``--help``::
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import functools
 import inspect
-import io
 import json
-import re
-import textwrap
-import tokenize
-import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 
 from shared.checkpoint import atomic_write
+from shared.field_notes import FieldNote, field_notes
+from shared.field_types import coerce, describe_type, field_hints, jsonable, scalar_parser
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -62,7 +59,6 @@ __all__ = [
 
 C = TypeVar("C", bound="DataclassInstance")
 
-_SCALARS: tuple[type, ...] = (int, float, str, bool, Path)
 # --help lists these groups first, in this order; any other group title follows in source order
 _GROUP_ORDER = {
     title: i for i, title in enumerate(("data", "model", "method", "optimisation", "run"))
@@ -84,7 +80,7 @@ def parse_config(
     Unknown flags exit through argparse (status 2); unknown file or preset keys raise
     ``ValueError``.
     """
-    hints = _field_hints(cls)
+    hints = field_hints(cls)
     presets = dict(presets or {})
     valid = {f.name for f in dataclasses.fields(cls) if f.init}
     for preset, values in presets.items():
@@ -101,7 +97,7 @@ def parse_config(
     if len(chosen) > 1:
         raise ValueError(f"choose one preset, got {['--' + name for name in chosen]}")
     preset_values = {
-        key: _coerce(value, hints[key], f"preset --{preset} key {key!r}")
+        key: coerce(value, hints[key], f"preset --{preset} key {key!r}")
         for preset in chosen
         for key, value in presets[preset].items()
     }
@@ -151,7 +147,7 @@ def parse_config(
         namespace.pop(preset.replace("-", "_"))
     try:
         values = {
-            name: _coerce(_none_list(value), hints[name], f"--{name}")
+            name: coerce(_none_list(value), hints[name], f"--{name}")
             for name, value in namespace.items()
         }
     except ValueError as exc:
@@ -181,7 +177,7 @@ def read_config_file(cls: type[DataclassInstance], path: str | Path) -> dict[str
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ValueError(f"config file {source} must hold a mapping, got {type(raw).__name__}")
-    hints = _field_hints(cls)
+    hints = field_hints(cls)
     valid = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = [key for key in raw if key not in valid]
     if unknown:
@@ -190,7 +186,7 @@ def read_config_file(cls: type[DataclassInstance], path: str | Path) -> dict[str
             f"valid keys for {cls.__name__}: {valid}"
         )
     return {
-        key: _coerce(value, hints[key], f"config file {source}: key {key!r}")
+        key: coerce(value, hints[key], f"config file {source}: key {key!r}")
         for key, value in raw.items()
     }
 
@@ -207,7 +203,7 @@ def config_to_dict(cfg: DataclassInstance) -> dict[str, Any]:
     """Return the config as a JSON-ready dict: tuples become lists, paths become strings."""
     if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
         raise TypeError(f"expected a dataclass instance, got {type(cfg).__name__}")
-    plain = _jsonable(dataclasses.asdict(cfg))
+    plain = jsonable(dataclasses.asdict(cfg))
     assert isinstance(plain, dict)
     return plain
 
@@ -226,153 +222,12 @@ def save_config(cfg: DataclassInstance, path: str | Path) -> Path:
     return target
 
 
-def _field_hints(cls: type[Any]) -> dict[str, Any]:
-    """Resolve the field annotations (strings under ``from __future__ import annotations``)."""
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-        raise TypeError(f"expected a dataclass type, got {cls!r}")
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        if field.name == "config":
-            raise TypeError(f"{cls.__name__}: a field may not be called 'config' (it is --config)")
-        _describe(hints[field.name], f"{cls.__name__}.{field.name}")
-    return hints
-
-
-class FieldNote(typing.NamedTuple):
-    """What ``--help`` shows for one field: its help text and its group title ("" for none)."""
-
-    help: str
-    group: str
-
-
-def field_notes(cls: type[Any]) -> dict[str, FieldNote]:
-    """The help text and group of every field of the dataclass ``cls``, read next to the field.
-
-    Help comes from ``metadata["help"]``, else the docstring right below the field, else the
-    field's trailing ``# comment``; a ``# group: <title>`` comment line groups the fields below
-    it. A field inherited from a base class is read from the base's source. Fields without any
-    note are missing from the result.
-    """
-    notes: dict[str, FieldNote] = {}
-    for field in dataclasses.fields(cls):
-        owner = next((k for k in cls.__mro__ if field.name in inspect.get_annotations(k)), cls)
-        text, group = _source_notes(owner).get(field.name, FieldNote("", ""))
-        text = str(field.metadata.get("help", text))
-        if text or group:
-            notes[field.name] = FieldNote(" ".join(text.split()), group)
-    return notes
-
-
-_GROUP = re.compile(r"#\s*group:\s*(?P<title>.+?)\s*$")
-
-
-@functools.cache
-def _source_notes(cls: type[Any]) -> dict[str, FieldNote]:
-    """Field name -> (docstring or trailing comment, group) from the class body's own source."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):  # no source: a class built at run time, an interactive session
-        return {}
-    notes: dict[str, FieldNote] = {}
-    depth, body_col, group = 0, -1, ""
-    line: list[tokenize.TokenInfo] = []  # the current logical line at the class body's depth
-    last: str | None = None  # the field on the previous logical line, for its docstring
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.INDENT:
-            depth += 1
-            if depth == 1:
-                body_col = len(token.string)
-        elif token.type == tokenize.DEDENT:
-            depth -= 1
-        elif token.type == tokenize.COMMENT and not line and token.start[1] == body_col:
-            marker = _GROUP.match(token.string)
-            group = marker.group("title") if marker else group
-        elif token.type == tokenize.NEWLINE and depth == 1 and line:
-            last = _note_line(line, notes, group, last)
-            line = []
-        elif depth == 1 and token.type != tokenize.NL:
-            line.append(token)
-    return notes
-
-
-def _note_line(
-    line: list[tokenize.TokenInfo], notes: dict[str, FieldNote], group: str, last: str | None
-) -> str | None:
-    """Record the field on one logical line of the class body; return its name (or None)."""
-    first = line[0]
-    if first.type == tokenize.STRING and len(line) == 1 and last is not None:
-        doc = inspect.cleandoc(str(ast.literal_eval(first.string)))  # the attribute docstring
-        notes[last] = FieldNote(doc, notes[last].group)
-        return None
-    if first.type == tokenize.NAME and len(line) > 1 and line[1].string == ":":
-        comments = [t.string.lstrip("#").strip() for t in line if t.type == tokenize.COMMENT]
-        notes[first.string] = FieldNote(" ".join(comments), group)
-        return first.string
-    return None
-
-
 def _field_default(field: dataclasses.Field[Any]) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
     return dataclasses.MISSING
-
-
-def _split_optional(hint: Any) -> tuple[Any, bool]:
-    """``X | None`` -> (X, True); anything else -> (hint, False)."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) != 1:
-            raise TypeError(f"unsupported union {hint!r}: only X | None is allowed")
-        return args[0], len(args) < len(typing.get_args(hint))
-    return hint, False
-
-
-def _describe(hint: Any, where: str) -> tuple[Any, bool, tuple[Any, ...] | None]:
-    """Validate a field type; return (inner type, optional, tuple element types or None)."""
-    inner, optional = _split_optional(hint)
-    if typing.get_origin(inner) is tuple:
-        args = typing.get_args(inner)
-        elements = args[:1] if len(args) == 2 and args[1] is Ellipsis else args
-        # One element type: argparse converts every value of a flag with the same function.
-        if len(set(elements)) != 1 or elements[0] not in _SCALARS or elements[0] is bool:
-            raise TypeError(f"{where}: unsupported tuple type {inner!r}")
-        return inner, optional, args
-    if typing.get_origin(inner) is Literal or inner in _SCALARS:
-        return inner, optional, None
-    raise TypeError(f"{where}: unsupported config field type {hint!r}")
-
-
-def _scalar_parser(kind: Any, optional: bool) -> Callable[[str], Any]:
-    """A string converter for argparse whose ``__name__`` reads well in its error messages."""
-    if typing.get_origin(kind) is Literal:
-        by_text = {str(choice): choice for choice in typing.get_args(kind)}
-
-        def convert(text: str) -> Any:
-            if optional and text.lower() == "none":
-                return None
-            return by_text.get(text, text)  # unknown text is reported by argparse's choices
-
-    elif kind is bool:
-
-        def convert(text: str) -> Any:
-            lowered = text.lower()
-            if optional and lowered == "none":
-                return None
-            if lowered not in ("true", "false"):
-                raise ValueError(text)
-            return lowered == "true"
-
-    else:
-
-        def convert(text: str) -> Any:
-            if optional and text.lower() == "none":
-                return None
-            return kind(text)
-
-    convert.__name__ = getattr(kind, "__name__", "choice")
-    return convert
 
 
 def _add_argument(
@@ -382,7 +237,7 @@ def _add_argument(
     default: Any,
     help_text: str,
 ) -> None:
-    inner, optional, tuple_args = _describe(hint, field.name)
+    inner, optional, tuple_args = describe_type(hint, field.name)
     flag = f"--{field.name.replace('_', '-')}"
     # argparse %-formats help strings; ArgumentDefaultsHelpFormatter appends the default.
     shown = help_text.replace("%", "%%") if help_text else "(default: %(default)s)"
@@ -394,12 +249,12 @@ def _add_argument(
     if tuple_args is not None:
         fixed = not (len(tuple_args) == 2 and tuple_args[1] is Ellipsis)
         kwargs["nargs"] = len(tuple_args) if fixed and not optional else "+"
-        kwargs["type"] = _scalar_parser(tuple_args[0], optional)
+        kwargs["type"] = scalar_parser(tuple_args[0], optional)
         kwargs["metavar"] = tuple_args[0].__name__.upper()
     elif inner is bool and not optional:
         kwargs["action"] = argparse.BooleanOptionalAction
     else:
-        kwargs["type"] = _scalar_parser(inner, optional)
+        kwargs["type"] = scalar_parser(inner, optional)
         if typing.get_origin(inner) is Literal:
             kwargs["choices"] = [*typing.get_args(inner), *([None] if optional else [])]
         else:  # the value's type, not the field's name again: --lr FLOAT, --out PATH
@@ -410,58 +265,3 @@ def _add_argument(
 def _none_list(value: Any) -> Any:
     """``--sizes none`` arrives from argparse as ``[None]``: it means the field is ``None``."""
     return None if isinstance(value, list) and value == [None] else value
-
-
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    """Check ``value`` against the field type and normalise it (lists to tuples, str to Path).
-
-    ``where`` names the source (file and key, or the flag) in the error message.
-    """
-    inner, optional, tuple_args = _describe(hint, where)
-    if value is None:
-        if optional:
-            return None
-        raise ValueError(f"{where}: None is not allowed for type {hint!r}")
-    if tuple_args is not None:
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where}: expected a list for {hint!r}, got {value!r}")
-        variadic = len(tuple_args) == 2 and tuple_args[1] is Ellipsis
-        if not variadic and len(value) != len(tuple_args):
-            raise ValueError(f"{where}: expected {len(tuple_args)} values, got {value!r}")
-        kinds = [tuple_args[0]] * len(value) if variadic else list(tuple_args)
-        return tuple(_coerce(v, k, where) for v, k in zip(value, kinds, strict=True))
-    if typing.get_origin(inner) is Literal:
-        if value not in typing.get_args(inner):
-            raise ValueError(f"{where}: {value!r} is not one of {list(typing.get_args(inner))}")
-        return value
-    return _coerce_scalar(value, inner, where)
-
-
-def _coerce_scalar(value: Any, kind: Any, where: str) -> Any:
-    if kind is bool and isinstance(value, bool):
-        return value
-    if kind is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if kind is float and isinstance(value, str):
-        # PyYAML follows YAML 1.1, which reads `1e-3` (no dot) as a string, not a float.
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if kind is str and isinstance(value, str):
-        return value
-    if kind is Path and isinstance(value, (str, Path)):
-        return Path(value)
-    raise ValueError(f"{where}: expected {kind.__name__}, got {value!r}")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value

@@ -14,7 +14,7 @@ __all__ = ["LinearHead", "ProjectionHead", "simclr_v1_head", "simclr_v2_head"]
 
 
 def _check_at_least_one(**values: int) -> None:
-    """Sizes and layer counts are >= 1 (``losses._checks.check_positive`` means > 0)."""
+    """Sizes and layer counts are >= 1 (``losses.common.check_positive`` means > 0)."""
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")

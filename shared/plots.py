@@ -120,7 +120,7 @@ def plot_tsne(
     not below the number of points raises.
     `num_threads` caps the OpenMP threads of the t-SNE gradient (None: scikit-learn's default).
     Set it to 1 when processes share the CPU (DDP ranks, pytest -n): oversubscribed OpenMP
-    barriers can make t-SNE several times slower than one thread.
+    threads stall at the gradient's barriers.
 
     Shape:
         - features: (N, D), labels: (N,) int

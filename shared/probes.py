@@ -195,9 +195,14 @@ def _fit_and_score(
     else:
         mean, std = fit_x.new_zeros(fit_x.shape[1]), fit_x.new_ones(fit_x.shape[1])
     weight, bias = _fit_logistic(
-        (fit_x - mean) / std, fit_y, num_classes, weight_decay, settings.optimizer,
-        settings.max_iter, settings.lr,
-    )  # fmt: skip
+        (fit_x - mean) / std,
+        fit_y,
+        num_classes,
+        weight_decay,
+        settings.optimizer,
+        settings.max_iter,
+        settings.lr,
+    )
     model = FittedProbe(weight, bias, mean, std)
     predictions = model.predict(eval_x)  # (N_eval,)
     return int((predictions == eval_y).sum()) / eval_y.shape[0], model

@@ -8,7 +8,7 @@ loop's position and the RNG (weights, optimizer and scheduler states, an EMA cop
 every checkpoint.
 
 :class:`OptimizerUpdater` is one model and one optimizer with gradient accumulation and clipping
-(what :func:`shared.train.fit` runs); a GAN's updater (``contragan.train``) steps a discriminator
+(what :func:`shared.train.fit` runs); a GAN's updater (``contragan.steps``) steps a discriminator
 ``n_dis`` times per generator step, each with its own optimizer, and keeps an EMA generator.
 See docs/architecture.md, "Training loop".
 """
@@ -175,7 +175,8 @@ class Updater(ABC):
     steps its optimizers and schedulers; it returns the metrics of the step (scalars; ``lr``
     first by convention). ``modules`` names every module whose weights the run trains or keeps
     (checked for finite weights before each checkpoint, put in train mode by the loop, in eval
-    mode around evaluation); ``evaluated`` is the one handed to ``evaluate``.
+    mode around evaluation); ``evaluated`` is the one handed to ``evaluate``. ``end_epoch``
+    runs once after the step that completes each epoch (see :meth:`end_epoch`).
     """
 
     batches_per_step: int = 1
@@ -200,6 +201,18 @@ class Updater(ABC):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from a checkpoint (the whole checkpoint dict; read your own keys)."""
 
+    def end_epoch(self, epoch: int) -> Mapping[str, float]:
+        """Update whatever changes once per epoch, after the step that completes ``epoch``.
+
+        ``epoch`` counts from 0. The loop calls it with every module in train mode, right after
+        the epoch's last full step and before that step's logging, evaluation and checkpoint:
+        the checkpoint then holds the updated state (keep it in :meth:`state_dict`), so a
+        resume neither repeats nor skips an update. It is not called after an epoch cut short
+        by ``max_steps``. The returned metrics join the step's row of ``metrics.csv`` (a row is
+        logged on that step whenever there are any). The default does nothing.
+        """
+        return {}
+
 
 class OptimizerUpdater(Updater):
     """One model, one optimizer: ``train_step(model, batch) -> {"loss": ..., ...}`` per batch.
@@ -210,7 +223,9 @@ class OptimizerUpdater(Updater):
     optimizer and the scheduler step (the scheduler once per optimizer step, without
     arguments). Metrics are ``lr`` (the rate this step used), the mean of ``train_step``'s
     values over micro-batches and ``grad_norm`` when clipping. Checkpoint keys: ``model``,
-    ``optimizer``, ``scheduler``.
+    ``optimizer``, ``scheduler``. ``end_epoch(epoch)``, when given, is what
+    :meth:`Updater.end_epoch` runs (state it changes must reach the checkpoint some other way,
+    e.g. through the model's buffers).
     """
 
     def __init__(
@@ -222,6 +237,7 @@ class OptimizerUpdater(Updater):
         scheduler: LRScheduler | None = None,
         grad_accum_steps: int = 1,
         clip_grad_norm: float | None = None,
+        end_epoch: Callable[[int], Mapping[str, float]] | None = None,
     ) -> None:
         if grad_accum_steps < 1:
             raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}")
@@ -231,6 +247,7 @@ class OptimizerUpdater(Updater):
         self.scheduler = scheduler
         self.batches_per_step = grad_accum_steps
         self.clip_grad_norm = clip_grad_norm
+        self._end_epoch = end_epoch
 
     def step(self, batches: Iterator[Any], ctx: StepContext) -> dict[str, Tensor | float]:
         accum = self.batches_per_step
@@ -261,6 +278,9 @@ class OptimizerUpdater(Updater):
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"lr": lr, **sums}
+
+    def end_epoch(self, epoch: int) -> Mapping[str, float]:
+        return {} if self._end_epoch is None else self._end_epoch(epoch)
 
     def modules(self) -> Mapping[str, nn.Module]:
         return {"model": self.model}

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (read from the torch 2.4.1, 2.5.1, 2.6.0 and 2.11.0 sources; the suite passes on 2.6 and 2.11).
 NEWER_TORCH_APIS = {
     "torch.serialization.get_unsafe_globals_in_checkpoint": (2, 6),  # save_checkpoint
-    "torch.is_autocast_enabled(device_type)": (2, 4),  # losses.core.autocast_off
+    "torch.is_autocast_enabled(device_type)": (2, 4),  # losses.common.autocast_off
 }
 
 

@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from shared.config import parse_config
+from shared.loop import _Loop
 from shared.runs import RunDir
-from shared.train import LoopConfig, _Loop, fit, fit_updater
+from shared.train import LoopConfig, fit, fit_updater
 from tests.sync_counts import count_syncs
 
 CPU = torch.device("cpu")
@@ -94,15 +95,15 @@ IMAGECL = ["--quick", "--device", "cpu", "--data", "digits", "--batch-size", "16
 def test_imagecl_train_step_has_no_host_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digits: Any, extra: list[str]
 ) -> None:
-    from imagecl import train
+    from imagecl import config, models, steps
     from imagecl.loco import LocalUpdater
 
-    cfg = parse_config(train.Config, [*IMAGECL, *extra], presets={"quick": train.QUICK})
-    built = train.build(cfg, device=CPU, data=digits)
-    step = functools.partial(train.train_step, cfg=cfg, views=built.views, gather=False)
+    cfg = parse_config(config.Config, [*IMAGECL, *extra], presets={"quick": config.QUICK})
+    built = models.build(cfg, device=CPU, data=digits)
+    step = steps.make_step(cfg, views=built.views, gather=False)
     run_dir = RunDir.create("t", "run", root=tmp_path)
 
-    def run() -> object:  # as imagecl.train.main
+    def run() -> object:  # as imagecl.commands.train.main
         if cfg.method == "loco":  # the per-unit backward of LoCo's updater
             updater = LocalUpdater(
                 built.model, built.optimizer, views=built.views, temperature=cfg.tau,
@@ -122,15 +123,16 @@ def test_imagecl_train_step_has_no_host_sync(
 def test_contragan_train_step_has_no_host_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digits16: Any, loss: str
 ) -> None:
-    from contragan import train
+    from contragan.config import Config
+    from contragan.models import build
 
     argv = [
         "--data", "digits", "--image-size", "16", "--arch", "digits", "--width", "8",
         "--batch-size", "16", "--n-dis", "2", "--ema-start", "1", "--ema-decay", "0.9",
         "--device", "cpu", "--amp", "off", "--loss", loss, "--diffaug", "color,translation",
     ]  # fmt: skip
-    cfg = parse_config(train.Config, argv)
-    built = train.build(cfg, device=CPU, data=digits16)
+    cfg = parse_config(Config, argv)
+    built = build(cfg, device=CPU, data=digits16)
 
     def run() -> object:
         return fit_updater(
@@ -144,20 +146,22 @@ def test_contragan_train_step_has_no_host_sync(
 
 # GraphCL: the augmentations change every graph's size, so each view's new edge counts must
 # reach the host once (PyG's Batch holds its slices and num_nodes on the host). Counted with
-# the device→host copies of graphcl.batching._read, which a CPU run cannot see (a spy counts
-# them as "graphcl.batching._read"). Before (seed 0, steps 2 and 3): 263 in two steps, 99 of them
-# torch.equal. Now, per step of the default views (random: drop_nodes or subgraph per graph):
-# 3 reads per view = its choice of augmentation per graph, then one read per part.
+# the device→host copies of graphcl.indexing.read_to_host, which a CPU run cannot see (a spy
+# counts them as "graphcl.indexing.read_to_host"). Before (seed 0, steps 2 and 3): 263 in two
+# steps, 99 of them torch.equal. Now, per step of the default views (random: drop_nodes or
+# subgraph per graph): 3 reads per view = its choice of augmentation per graph, then one read
+# per part.
 GRAPHCL_GOAL = 10
-GRAPHCL_DEFAULT = Counter({"graphcl.batching._read": 2 * 3})
+GRAPHCL_DEFAULT = Counter({"graphcl.indexing.read_to_host": 2 * 3})
 
 
 @pytest.fixture(scope="module", params=[[], ["--adaptive"]], ids=["default", "joao"])
 def graphcl_counts(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[list[str], Counter[str]]:
-    from graphcl import pretrain
+    from graphcl.commands import pretrain
     from graphcl.data import load_molecules
+    from graphcl.steps import pretrain_step
     from tests.graphcl.test_augment_syncs import counting_reads
 
     cfg = parse_config(
@@ -166,7 +170,7 @@ def graphcl_counts(
          "--device", "cpu", *request.param],
     )  # fmt: skip
     built = pretrain.build(cfg, device=CPU, data=load_molecules("freesolv"))
-    step = functools.partial(pretrain.train_step, cfg=cfg, views=built.views, gather=False)
+    step = functools.partial(pretrain_step, cfg=cfg, views=built.views, gather=False)
     run_dir = RunDir.create("t", "run", root=tmp_path_factory.mktemp("graphcl"))
     with pytest.MonkeyPatch.context() as monkeypatch, counting_reads(monkeypatch):
         counts = _counted(

@@ -217,17 +217,22 @@ def test_imagecl_nan_on_one_rank_stops_both_ranks_with_the_same_error(tmp_path: 
             import os
             import sys
 
-            import imagecl.train
+            import imagecl.commands.train
             from imagecl.cli import main
 
             if os.environ["RANK"] == "1":
-                step = imagecl.train.train_step
+                make_step = imagecl.commands.train.make_step
 
-                def nan_step(*args, **kwargs):
-                    out = step(*args, **kwargs)
-                    return {**out, "loss": out["loss"] * float("nan")}
+                def nan_make_step(*args, **kwargs):
+                    step = make_step(*args, **kwargs)
 
-                imagecl.train.train_step = nan_step
+                    def nan_step(*args, **kwargs):
+                        out = step(*args, **kwargs)
+                        return {**out, "loss": out["loss"] * float("nan")}
+
+                    return nan_step
+
+                imagecl.commands.train.make_step = nan_make_step
             sys.exit(main())
             """
         )
@@ -329,9 +334,9 @@ def test_contragan_train_then_sample_and_evaluate_under_torchrun(tmp_path: Path)
 @pytest.mark.parametrize(
     ("cli", "config_module"),
     [
-        ("graphcl", "graphcl.pretrain"),
-        ("imagecl", "imagecl.train"),
-        ("contragan", "contragan.train"),
+        ("graphcl", "graphcl.commands.pretrain"),
+        ("imagecl", "imagecl.commands.train"),
+        ("contragan", "contragan.commands.train"),
     ],
 )
 def test_readme_shows_the_one_machine_and_the_several_machine_command(
@@ -358,5 +363,5 @@ def test_readme_shows_the_one_machine_and_the_several_machine_command(
     module = importlib.import_module(config_module)
     for args in launches:
         assert args.no_python and args.training_script == cli
-        assert args.training_script_args[0] == config_module.split(".")[1]
+        assert args.training_script_args[0] == config_module.split(".")[-1]
         parse_config(module.Config, args.training_script_args[1:])  # every option exists

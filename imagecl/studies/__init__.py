@@ -2,7 +2,7 @@
 
 Each study trains small models on a grid and writes ``results.csv``, a heat map or line plot
 (``plots/``) and ``report.md`` into its run folder (:mod:`imagecl.studies.runner`). ``--quick``
-runs a tiny grid in about a minute; the default is the full grid.
+runs a tiny grid of short runs; the default is the full grid.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from imagecl.augment import SimCLRViews, ViewConfig
-from imagecl.colour import GRAY_WEIGHTS
+from imagecl.colour import GRAY_WEIGHTS, random_color_jitter
+from imagecl.crops import resized_crop
 from imagecl.studies.cells import (
     digits_m,
     features,
@@ -55,8 +56,9 @@ QUICK_OPS, QUICK_STRENGTHS = ("crop", "colour"), (0.0, 1.0)
 NOISE_SIGMA = 0.2  # upper end of the noise std, [0, 1] pixel units
 
 # every op always applied; crop and jitter at SimCLR's ImageNet settings (Appendix A)
-BRANCH_CONFIG = ViewConfig(crop_scale=(0.08, 1.0), jitter_strength=1.0, jitter_p=1.0,
-                           gray_p=1.0, blur_p=1.0)  # fmt: skip
+BRANCH_CONFIG = ViewConfig(
+    crop_scale=(0.08, 1.0), jitter_strength=1.0, jitter_p=1.0, gray_p=1.0, blur_p=1.0
+)
 
 
 class BranchViews(SimCLRViews):
@@ -79,7 +81,7 @@ class BranchViews(SimCLRViews):
                 raise ValueError(f"unknown transformation {op!r}; choose from {OPS}")
         self.ops = (first,) if first == second else (first, second)
 
-    def _views(self, images: Tensor) -> Tensor:
+    def draw_views(self, images: Tensor) -> Tensor:
         N, C, H, W = images.shape
         if C != 3 or (H, W) != (self.size, self.size):
             raise ValueError(f"BranchViews needs (N, 3, {self.size}, {self.size}) images")
@@ -94,14 +96,14 @@ class BranchViews(SimCLRViews):
 
     def _transform(self, op: str, x: Tensor) -> Tensor:
         N, C, S, _ = x.shape
-        kornia_op = {"crop": self.flip, "grayscale": self.gray, "blur": self.blur}.get(op)
-        if kornia_op is not None:
-            source = self._resized_crop(x) if op == "crop" else x  # crop, then flip
-            out: Tensor = kornia_op(source)
+        sampled_op = {"crop": self.flip, "grayscale": self.gray, "blur": self.blur}.get(op)
+        if sampled_op is not None:
+            source = resized_crop(x, self.crop, self.size) if op == "crop" else x  # then flip
+            out: Tensor = sampled_op(source)
             return out
         if op == "colour":
             assert self.jitter is not None
-            return self._color_jitter(self.jitter, x)
+            return random_color_jitter(x, self.jitter)
         if op == "cutout":
             side = (S * (0.25 + 0.25 * torch.rand(N, device=x.device))).long()  # (N,)
             top = (torch.rand(N, device=x.device) * (S - side + 1)).long()  # (N,)
@@ -159,16 +161,27 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
     if pairs:
         ops = list(dict.fromkeys(r.params["first"] for r in pairs))
         table = [[lookup(pairs, "probe_acc", first=a, second=b) for b in ops] for a in ops]
-        heat_map(table, ops, ops, run.plots / "augmentation_pairs.png",
-                 title="probe accuracy (%): 1st → 2nd transformation on one branch",
-                 xlabel="2nd transformation", ylabel="1st transformation")  # fmt: skip
+        heat_map(
+            table,
+            ops,
+            ops,
+            run.plots / "augmentation_pairs.png",
+            title="probe accuracy (%): 1st → 2nd transformation on one branch",
+            xlabel="2nd transformation",
+            ylabel="1st transformation",
+        )
         sections["Pairs: probe accuracy (%)"] = markdown_table(
             ["1st \\ 2nd", *ops], [[a, *row] for a, row in zip(ops, table, strict=True)]
         )
         ranked = sorted(
-            ((v, a, b) for a, row in zip(ops, table, strict=True)
-             for b, v in zip(ops, row, strict=True) if math.isfinite(v)), reverse=True,
-        )  # fmt: skip
+            (
+                (v, a, b)
+                for a, row in zip(ops, table, strict=True)
+                for b, v in zip(ops, row, strict=True)
+                if math.isfinite(v)
+            ),
+            reverse=True,
+        )
         if ranked:
             top = ", ".join(f"{a}→{b} {100 * v:.1f} %" for v, a, b in ranked[:3])
             diagonal = [table[i][i] for i in range(len(ops))]
@@ -180,17 +193,23 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
     if colour:
         strengths = [r.params["strength"] for r in colour]
         accuracy = [r.metrics.get("probe_acc", math.nan) for r in colour]
-        line_panels([Panel("colour distortion strength", "s", "probe accuracy (%)",
-                           {"SimCLR": (strengths, accuracy)})],
-                    run.plots / "colour_strength.png")  # fmt: skip
+        line_panels(
+            [
+                Panel(
+                    "colour distortion strength",
+                    "s",
+                    "probe accuracy (%)",
+                    {"SimCLR": (strengths, accuracy)},
+                )
+            ],
+            run.plots / "colour_strength.png",
+        )
         sections["Colour strength: probe accuracy (%)"] = markdown_table(
             ["s", "accuracy"], [[f"{s:g}", a] for s, a in zip(strengths, accuracy, strict=True)]
         )
         listed = zip(strengths, accuracy, strict=True)
-        findings.append(
-            "Colour strength: " + ", ".join(f"s={s:g} {100 * a:.1f} %" for s, a in listed)
-            + ". " + spread_note(accuracy)
-        )  # fmt: skip
+        each = ", ".join(f"s={s:g} {100 * a:.1f} %" for s, a in listed)
+        findings.append(f"Colour strength: {each}. {spread_note(accuracy)}")
     sections["Finding"] = " ".join(findings) or "No finished cell."
     return sections
 

@@ -1,7 +1,7 @@
 """Training and measuring one cell of a study: the SimCLR/SupCon/CE pipeline at a small budget.
 
 :func:`train_pipeline` builds ``imagecl train``'s model, data loader, optimizer and schedule
-(:func:`imagecl.train.build`) from the QUICK preset at the cell's :class:`~imagecl.studies.
+(:func:`imagecl.models.build`) from the QUICK preset at the cell's :class:`~imagecl.studies.
 runner.Budget` and trains it with ``shared.train.fit`` (:func:`fit_cell`: the training loop of
 every pipeline, with its finiteness checks, in the cell's folder); :func:`features` and
 :func:`probe` are the linear evaluation every study reports.
@@ -16,11 +16,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from imagecl import train
 from imagecl.augment import SimCLRViews
+from imagecl.config import QUICK, Config
 from imagecl.data import ImageData, images_and_labels, load_data
 from imagecl.evaluate import encode
-from imagecl.models import ImageModel
+from imagecl.models import build
+from imagecl.networks import ImageModel
+from imagecl.steps import make_step
 from imagecl.studies.runner import CellContext, Params
 from shared.probes import linear_probe
 from shared.runtime import unwrap
@@ -45,9 +47,9 @@ def train_pipeline(
 ) -> ImageModel:
     """Train ``imagecl train``'s model for one cell and return it (unwrapped).
 
-    The defaults are the QUICK preset of :mod:`imagecl.train` (small CNN, Adam lr 2e-3, τ 0.2)
+    The defaults are the QUICK preset of :mod:`imagecl.config` (small CNN, Adam lr 2e-3, τ 0.2)
     at the cell's budget, with warm-up over the first 10 % of the steps and no online probe;
-    ``overrides`` are :class:`imagecl.train.Config` fields. ``views`` replaces the augmentation;
+    ``overrides`` are :class:`imagecl.config.Config` fields. ``views`` replaces the augmentation;
     ``untrained`` returns the freshly initialised model (the random-init baseline).
     """
     budget = ctx.budget
@@ -56,18 +58,25 @@ def train_pipeline(
     source = data.pretrain if method == "simclr" else data.train
     steps_per_epoch = max(1, len(source) // batch_size)
     settings: dict[str, Any] = {
-        **train.QUICK, "width": budget.width, "batch_size": batch_size, "epochs": 10_000,
-        "max_steps": budget.steps, "warmup_epochs": 0.1 * budget.steps / steps_per_epoch,
-        "online_probe": False, "eval_every": None, "log_every": max(1, budget.steps // 10),
-        "seed": ctx.seed, **overrides,
-    }  # fmt: skip
-    cfg = train.Config(**settings)
-    built = train.build(cfg, device=ctx.device, data=data)
+        **QUICK,
+        "width": budget.width,
+        "batch_size": batch_size,
+        "epochs": 10_000,
+        "max_steps": budget.steps,
+        "warmup_epochs": 0.1 * budget.steps / steps_per_epoch,
+        "online_probe": False,
+        "eval_every": None,
+        "log_every": max(1, budget.steps // 10),
+        "seed": ctx.seed,
+        **overrides,
+    }
+    cfg = Config(**settings)
+    built = build(cfg, device=ctx.device, data=data)
     if untrained:
         model = unwrap(built.model)
         assert isinstance(model, ImageModel)
         return model
-    step = functools.partial(train.train_step, cfg=cfg, views=views or built.views, gather=False)
+    step = make_step(cfg, views=views or built.views, gather=False)
     fit_cell(built.model, built.optimizer, built.loader, step, ctx, built.scheduler, cfg)
     model = unwrap(built.model)
     assert isinstance(model, ImageModel)
@@ -88,9 +97,16 @@ def fit_cell(
         max_steps=ctx.budget.steps, log_every=max(1, ctx.budget.steps // 10), progress=False
     )
     fit(
-        model, optimizer, loader, step, loop_cfg=loop_cfg, run_dir=ctx.run, device=ctx.device,
-        scheduler=scheduler, config=config,
-    )  # fmt: skip
+        model,
+        optimizer,
+        loader,
+        step,
+        loop_cfg=loop_cfg,
+        run_dir=ctx.run,
+        device=ctx.device,
+        scheduler=scheduler,
+        config=config,
+    )
 
 
 def features(
@@ -116,9 +132,14 @@ def probe(
     decays = ctx.budget.probe_weight_decays
     held_out = 0.1 if len(decays) > 1 else 0.0
     result = linear_probe(
-        train_h, train_y, test_h, test_y, weight_decay=list(decays), val_fraction=held_out,
+        train_h,
+        train_y,
+        test_h,
+        test_y,
+        weight_decay=list(decays),
+        val_fraction=held_out,
         seed=ctx.seed,
-    )  # fmt: skip
+    )
     return result.accuracy
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from imagecl.data import TensorImageDataset, digit_images
-from imagecl.models import ImageModel
+from imagecl.data import TensorImageDataset
+from imagecl.networks import ImageModel
+from imagecl.sources import digit_images
 from imagecl.studies.cells import (
     digits_m,
     features,
@@ -106,8 +107,14 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
     findings = []
     if randbits:
         acc = {t: [lookup(randbits, "probe_acc", bits=b, tau=t) for b in bits] for t in taus}
-        panels.append(Panel("RandBits", "random bits per image", "probe accuracy (%)",
-                            {f"τ={t:g}": (list(bits), acc[t]) for t in taus}))  # fmt: skip
+        panels.append(
+            Panel(
+                "RandBits",
+                "random bits per image",
+                "probe accuracy (%)",
+                {f"τ={t:g}": (list(bits), acc[t]) for t in taus},
+            )
+        )
         rows = [[f"{b} bits", *[acc[t][i] for t in taus]] for i, b in enumerate(bits)]
         sections["RandBits: probe accuracy on the label (%)"] = markdown_table(
             ["", *[f"τ = {t:g}" for t in taus]], rows
@@ -131,23 +138,31 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
     if overlay:
         image = [lookup(overlay, "probe_acc", tau=t) for t in taus]
         digit = [lookup(overlay, "digit_acc", tau=t) for t in taus]
-        panels.append(Panel("DigitOverlay", "τ", "probe accuracy (%)",
-                            {"image label": (list(taus), image),
-                             "pasted digit": (list(taus), digit)}, log_x=True))  # fmt: skip
+        panels.append(
+            Panel(
+                "DigitOverlay",
+                "τ",
+                "probe accuracy (%)",
+                {"image label": (list(taus), image), "pasted digit": (list(taus), digit)},
+                log_x=True,
+            )
+        )
         untrained = [
-            ["(random init)", baseline.get("overlay_image_acc", math.nan),
-             baseline.get("overlay_digit_acc", math.nan)]
-        ]  # fmt: skip
+            [
+                "(random init)",
+                baseline.get("overlay_image_acc", math.nan),
+                baseline.get("overlay_digit_acc", math.nan),
+            ]
+        ]
         sections["DigitOverlay: probe accuracy (%)"] = markdown_table(
             ["τ", "image label", "pasted digit's label"],
             untrained + [[f"{t:g}", i, d] for t, i, d in zip(taus, image, digit, strict=True)],
         )
-        findings.append(
-            "DigitOverlay: " + "; ".join(
-                f"τ = {t:g}: image label {100 * i:.1f} %, pasted digit {100 * d:.1f} %"
-                for t, i, d in zip(taus, image, digit, strict=True)
-            ) + " (chance 10 % for both)."
-        )  # fmt: skip
+        each = "; ".join(
+            f"τ = {t:g}: image label {100 * i:.1f} %, pasted digit {100 * d:.1f} %"
+            for t, i, d in zip(taus, image, digit, strict=True)
+        )
+        findings.append(f"DigitOverlay: {each} (chance 10 % for both).")
         if "overlay_digit_acc" in baseline:
             findings.append(
                 f"The untrained encoder reads {100 * baseline['overlay_image_acc']:.1f} % "

@@ -23,7 +23,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from imagecl.models import ImageModel, ModelOutput
+from imagecl.networks import ImageModel, ModelOutput
 from imagecl.studies.cells import (
     digits_m,
     features,
@@ -98,8 +98,15 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
         for r in results
     ]
     table = [[r.metrics.get(k, math.nan) for k in ("probe_h", "probe_z")] for r in results]
-    heat_map(table, labels, ["h (before head)", "z (after head)"], run.plots / "head.png",
-             title="probe accuracy (%)", xlabel="features probed", ylabel="head")  # fmt: skip
+    heat_map(
+        table,
+        labels,
+        ["h (before head)", "z (after head)"],
+        run.plots / "head.png",
+        title="probe accuracy (%)",
+        xlabel="features probed",
+        ylabel="head",
+    )
     findings = []
     for label, (h, z) in zip(labels, table, strict=True):
         if math.isfinite(h) and math.isfinite(z) and not label == "none":

@@ -80,11 +80,14 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
         panels.append(Panel("margin triplet", "margin", "probe accuracy (%)", margin_lines))
     line_panels(panels, run.plots / "losses.png")
     rows = [
-        [_label(r.params["loss"], r.params["normalize"]),
-         f"{'margin' if r.params['loss'] == 'triplet' else 'τ'} = {r.params['setting']:g}",
-         r.metrics.get("probe_acc", math.nan), r.status]
+        [
+            _label(r.params["loss"], r.params["normalize"]),
+            f"{'margin' if r.params['loss'] == 'triplet' else 'τ'} = {r.params['setting']:g}",
+            r.metrics.get("probe_acc", math.nan),
+            r.status,
+        ]
         for r in results
-    ]  # fmt: skip
+    ]
     best: list[tuple[str, float, float]] = []  # (loss, best setting, accuracy)
     for (loss, normalize), (xs, ys) in curves.items():
         finite = [(y, x) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]

@@ -11,9 +11,9 @@ ones, so ``--steps`` or ``--seed`` never mix runs. After every cell ``results.cs
 at the end the study's plots, ``summary.json`` and ``report.md``.
 
 Budgets: ``--quick`` is a tiny grid of short runs (a small CNN of width 16, 40 steps of batch
-64: about a minute on 2 CPU cores); the default is the study's full grid, 300 steps of batch 128
-on width 32 per cell. A cell whose loss diverges (non-finite) is recorded as failed, with its
-reason, rather than stopping the study: instability is one of the things studies measure.
+64); the default is the study's full grid, 300 steps of batch 128 on width 32 per cell. A cell
+whose loss diverges (non-finite) is recorded as failed, with its reason, rather than stopping
+the study: instability is one of the things studies measure.
 """
 
 from __future__ import annotations
@@ -181,9 +181,12 @@ def run_cell(
 
 def _fingerprint(study: Study, key: str, params: Params, cfg: StudyConfig) -> dict[str, Any]:
     return {
-        "study": study.name, "cell": key, "params": params, "seed": cfg.seed,
+        "study": study.name,
+        "cell": key,
+        "params": params,
+        "seed": cfg.seed,
         **cfg.budget._asdict(),
-    }  # fmt: skip
+    }
 
 
 def _read_result(path: Path, fingerprint: dict[str, Any]) -> CellResult | None:
@@ -221,11 +224,15 @@ def run_study(study: Study, argv: Sequence[str] | None = None) -> dict[str, Any]
     then ``results.csv``, plots, ``summary.json`` and ``report.md``; returns the summary."""
     # a subclass per study, so that --help describes the study itself
     described = dataclasses.make_dataclass(
-        "StudyConfig", [], bases=(StudyConfig,), frozen=True,
+        "StudyConfig",
+        [],
+        bases=(StudyConfig,),
+        frozen=True,
         namespace={"__doc__": f"{study.title}. {study.question}"},
-    )  # fmt: skip
-    cfg: StudyConfig = parse_config(described, list(argv) if argv is not None else None,
-                       prog=f"imagecl study {study.name}")  # fmt: skip
+    )
+    cfg: StudyConfig = parse_config(
+        described, list(argv) if argv is not None else None, prog=f"imagecl study {study.name}"
+    )
     threads = torch.get_num_threads()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -272,17 +279,23 @@ def _run_grid(study: Study, cfg: StudyConfig) -> dict[str, Any]:
     if baseline:
         sections["Random-init baseline"] = _baseline_note(grid_results, baseline[0].metrics)
     summary = {
-        "study": study.name, "quick": cfg.quick, "cells": len(grid_results), "trained": trained,
-        "reused": len(results) - trained, "failed": sum(r.status != "ok" for r in results),
+        "study": study.name,
+        "quick": cfg.quick,
+        "cells": len(grid_results),
+        "trained": trained,
+        "reused": len(results) - trained,
+        "failed": sum(r.status != "ok" for r in results),
         **cfg.budget._asdict(),
         **{f"random_init_{k}": v for r in baseline for k, v in r.metrics.items()},
-    }  # fmt: skip
+    }
     write_summary(run.summary_path, summary)
     protocol = _protocol(cfg)
     write_report(
-        run, f"imagecl study {study.name}: {study.title}",
-        {"Question": study.question, **sections, "Protocol": protocol}, summary=summary,
-    )  # fmt: skip
+        run,
+        f"imagecl study {study.name}: {study.title}",
+        {"Question": study.question, **sections, "Protocol": protocol},
+        summary=summary,
+    )
     return summary
 
 

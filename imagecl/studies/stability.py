@@ -102,11 +102,16 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
     if panels:
         line_panels(panels, run.plots / "stability.png")
     rows = [
-        [r.params["method"], r.params["batch_size"], f"{r.params['lr']:g}",
-         f"{r.params['tau']:g}" if r.params["method"] == "supcon" else "–",
-         r.metrics.get("probe_acc", math.nan), r.status]
+        [
+            r.params["method"],
+            r.params["batch_size"],
+            f"{r.params['lr']:g}",
+            f"{r.params['tau']:g}" if r.params["method"] == "supcon" else "–",
+            r.metrics.get("probe_acc", math.nan),
+            r.status,
+        ]
         for r in results
-    ]  # fmt: skip
+    ]
     findings, ranges = [], []
     for name, lines in sweeps.items():
         parts = []
@@ -131,10 +136,10 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
             verdicts.append(f"across {titles[name]} {steadier} is steadier")
     if verdicts:
         text = "; ".join(verdicts)
+        sentence = text[:1].upper() + text[1:]
         findings.append(
-            text[:1].upper() + text[1:]
-            + " (SupCon steadier is the paper's direction; one seed per cell)."
-        )  # fmt: skip
+            f"{sentence} (SupCon steadier is the paper's direction; one seed per cell)."
+        )
     range_rows = [[t, m, f"{s:.1f}", f] for t, m, s, f in ranges]
     return {
         "Every cell: probe accuracy (%)": markdown_table(

@@ -49,9 +49,13 @@ def grid(quick: bool) -> list[dict[str, Any]]:
 def measure(params: dict[str, Any], ctx: CellContext) -> dict[str, float]:
     data = digits_m(ctx.seed)
     model = train_pipeline(
-        ctx, data, loss="generalized", prior="decoupled_nt_xent", temperature=params["tau"],
+        ctx,
+        data,
+        loss="generalized",
+        prior="decoupled_nt_xent",
+        temperature=params["tau"],
         lam=params["lam"],
-    )  # fmt: skip
+    )
     return {"probe_acc": probe(*features(model.backbone, data, ctx), ctx)}
 
 
@@ -60,10 +64,14 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
     lams = sorted({r.params["lam"] for r in results})
     table = [[lookup(results, "probe_acc", tau=t, lam=lam) for lam in lams] for t in taus]
     heat_map(
-        table, [f"τ={t:g}" for t in taus], [f"λ={lam:g}" for lam in lams],
-        run.plots / "tau_lambda.png", title="linear probe accuracy (%)", xlabel="λ",
+        table,
+        [f"τ={t:g}" for t in taus],
+        [f"λ={lam:g}" for lam in lams],
+        run.plots / "tau_lambda.png",
+        title="linear probe accuracy (%)",
+        xlabel="λ",
         ylabel="τ",
-    )  # fmt: skip
+    )
     rows = [[f"τ = {t:g}", *row] for t, row in zip(taus, table, strict=True)]
     best = []
     for t, row in zip(taus, table, strict=True):
@@ -84,11 +92,11 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
         direction = "the paper's inverse relation reproduces (best λ falls as τ grows)"
     else:
         direction = "the paper's inverse relation does not reproduce here"
+    best_text = ", ".join(f"τ={t:g} → λ={lam:g}" for t, lam in best)
     finding = (
-        "Best λ per τ: " + ", ".join(f"τ={t:g} → λ={lam:g}" for t, lam in best)
-        + f". Spearman ρ(τ, best λ) = {rho:.2f}: {direction}. "
+        f"Best λ per τ: {best_text}. Spearman ρ(τ, best λ) = {rho:.2f}: {direction}. "
         + spread_note([v for row in table for v in row])
-    )  # fmt: skip
+    )
     return {
         "Probe accuracy (%)": markdown_table(["", *[f"λ = {lam:g}" for lam in lams]], rows),
         "Finding": finding,

@@ -24,7 +24,7 @@ from imagecl.backbones import build_backbone
 from imagecl.data import channel_stats
 from imagecl.evaluate import encode
 from imagecl.infomin import FACTORS, InfoMinImages, ToyConfig, make_images, make_pairs
-from imagecl.models import ImageModel, ModelOutput, build_head
+from imagecl.networks import ImageModel, ModelOutput, build_head
 from imagecl.studies.cells import (
     fit_cell,
     probe,
@@ -93,9 +93,11 @@ def measure(params: dict[str, Any], ctx: CellContext) -> dict[str, float]:
     mean, std = channel_stats(sets[0].images)  # the probe's train images normalise both
     model = _model(ctx)
     loader = make_loader(
-        TensorDataset(pairs.images, pairs.factors), budget.batch_size, shuffle=True,
+        TensorDataset(pairs.images, pairs.factors),
+        budget.batch_size,
+        shuffle=True,
         seed=ctx.seed,
-    )  # fmt: skip
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-5)
     warmup = max(1, budget.steps // 10)
     scheduler = warmup_cosine_schedule(optimizer, warmup_steps=warmup, total_steps=budget.steps)
@@ -122,9 +124,15 @@ def summarise(results: list[CellResult], baseline: dict[str, float], run: RunDir
     keys = [f"{name}_acc" for name in FACTORS]
     table = [[r.metrics.get(k, math.nan) for k in keys] for r in results]
     labels = [r.params["shared"] for r in results]
-    heat_map(table, labels, list(FACTORS), run.plots / "views.png",
-             title="probe accuracy (%) of each factor", xlabel="factor probed",
-             ylabel="factors the views share")  # fmt: skip
+    heat_map(
+        table,
+        labels,
+        list(FACTORS),
+        run.plots / "views.png",
+        title="probe accuracy (%) of each factor",
+        xlabel="factor probed",
+        ylabel="factors the views share",
+    )
     rows = [[label, *row] for label, row in zip(labels, table, strict=True)]
     if baseline:
         rows.insert(0, ["(random init)", *[baseline.get(k, math.nan) for k in keys]])

@@ -14,19 +14,13 @@ from shared.losses.generalized import (
     sample_prior,
     sliced_wasserstein_distance,
 )
+from shared.losses.graphcl import GraphCLLoss, graphcl_loss
 from shared.losses.info_nce import InfoNCELoss, info_nce_loss, two_view_info_nce_loss
 from shared.losses.metrics import alignment, uniformity
 from shared.losses.nt_logistic import NTLogisticLoss, nt_logistic_loss
 from shared.losses.pairs import NPairsLoss, TripletLoss, npairs_loss, triplet_loss
 from shared.losses.queue import MemoryQueue
-from shared.losses.supcon import (
-    GraphCLLoss,
-    NTXentLoss,
-    SupConLoss,
-    graphcl_loss,
-    nt_xent_loss,
-    supcon_loss,
-)
+from shared.losses.supcon import NTXentLoss, SupConLoss, nt_xent_loss, supcon_loss
 
 __all__ = [
     "ConditionalContrastiveLoss",

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shared.distributed import gather_no_grad, gather_with_offset
-from shared.losses._checks import (
+from shared.losses.common import (
+    Gather,
+    Reduction,
+    autocast_off,
     check_block_size,
     check_features,
     check_gather,
@@ -19,12 +20,9 @@ from shared.losses._checks import (
     check_same_shape,
     reduce,
 )
-from shared.losses.core import autocast_off, masked_logsumexp
-from shared.losses.supcon import Gather
+from shared.losses.core import masked_logsumexp
 
 __all__ = ["ConditionalContrastiveLoss", "conditional_contrastive_loss"]
-
-Reduction = Literal["mean", "sum", "none"]
 
 
 def conditional_contrastive_loss(
@@ -70,9 +68,15 @@ def conditional_contrastive_loss(
         y_all = gather_no_grad(y, equal_sizes=equal) if gather else y  # (Ng,)
         own = offset + torch.arange(l.shape[0], device=l.device)  # (N,)
         lse = masked_logsumexp(
-            l, l_all, temperature=temperature, self_index=own, anchor_labels=y,
-            contrast_labels=y_all, block_size=block_size, norm_bound=1.0,
-        )  # fmt: skip
+            l,
+            l_all,
+            temperature=temperature,
+            self_index=own,
+            anchor_labels=y,
+            contrast_labels=y_all,
+            block_size=block_size,
+            norm_bound=1.0,
+        )
         assert lse.positive is not None
         proxy_logit = (l * e).sum(1) / temperature  # (N,)
         per_anchor = torch.logaddexp(proxy_logit, lse.all) - torch.logaddexp(
@@ -99,6 +103,11 @@ class ConditionalContrastiveLoss(nn.Module):
 
     def forward(self, embeddings: Tensor, proxies: Tensor, labels: Tensor) -> Tensor:
         return conditional_contrastive_loss(
-            embeddings, proxies, labels, temperature=self.temperature, gather=self.gather,
-            block_size=self.block_size, reduction=self.reduction,
-        )  # fmt: skip
+            embeddings,
+            proxies,
+            labels,
+            temperature=self.temperature,
+            gather=self.gather,
+            block_size=self.block_size,
+            reduction=self.reduction,
+        )

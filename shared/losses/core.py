@@ -37,22 +37,21 @@ M = 0 anchors gives empty results and K = 0 contrasts gives sums over nothing: `
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
-from shared.losses._checks import check_block_size
+from shared.losses.common import autocast_off, check_block_size
 
 SelfIndex = Tensor | Literal["diagonal"] | None
 
-__all__ = ["DENSE_MAX_ELEMENTS", "LogSumExps", "autocast_off", "masked_logsumexp"]
+__all__ = ["DENSE_MAX_ELEMENTS", "LogSumExps", "masked_logsumexp"]
 
 # Auto mode keeps the dense path while the N×K matrix holds at most this many elements
 # (2**24 fp32 = 64 MiB, N = K = 4096); above it, blocks of about BLOCK_ELEMENTS elements
 # (8 MiB in fp32: below glibc's 32 MiB mmap threshold, so a block's buffer is reused without
-# fresh page faults; measured 25 % faster than 32 MiB blocks at N = 16384 on CPU).
+# fresh page faults).
 DENSE_MAX_ELEMENTS = 2**24
 BLOCK_ELEMENTS = 2**21
 # exp(-x) is a normal float for x below ~87 (fp32) and ~708 (fp64); the largest exponent kept,
@@ -77,13 +76,6 @@ class LogSumExps(NamedTuple):
 
     all: Tensor
     positive: Tensor | None
-
-
-def autocast_off(x: Tensor) -> AbstractContextManager[Any]:
-    """Disable autocast for the loss maths: logits are fp32 whatever the loop's precision."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.autocast(device_type=x.device.type, enabled=False)
-    return nullcontext()
 
 
 def masked_logsumexp(
@@ -159,10 +151,17 @@ def masked_logsumexp(
         # the same rows (labels) on both sides go in once, as None: autograd functions under
         # torch.compile take no tensor twice, and the gradient of both roles is then summed
         lse_all, lse_pos = _MaskedLogSumExp.apply(
-            a, None if c is a else c, 1.0 / temperature, shift, self_index, anchor_labels,
+            a,
+            None if c is a else c,
+            1.0 / temperature,
+            shift,
+            self_index,
+            anchor_labels,
             None if contrast_labels is anchor_labels else contrast_labels,
-            block_size, cache, symmetric,
-        )  # fmt: skip
+            block_size,
+            cache,
+            symmetric,
+        )
     return LogSumExps(lse_all, lse_pos if anchor_labels is not None else None)
 
 
@@ -194,9 +193,9 @@ class _Workspace:
     """One reusable buffer per CPU device and dtype for the dense path's N×K exponentials.
 
     A fresh 64 MiB tensor on CPU is returned to the OS when freed, and touching it again next
-    step costs as much as a third of the dense path (page faults; measured at N = 4096). The
-    buffer taken by a forward comes back after its backward, so consecutive steps reuse it. It
-    holds at most ``DENSE_MAX_ELEMENTS`` elements per dtype; CUDA has its caching allocator.
+    step page-faults on every page. The buffer taken by a forward comes back after its
+    backward, so consecutive steps reuse it. It holds at most ``DENSE_MAX_ELEMENTS`` elements
+    per dtype; CUDA has its caching allocator.
     """
 
     def __init__(self) -> None:

@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shared.losses._checks import (
+from shared.losses.common import (
+    autocast_off,
     check_choice,
     check_features,
     check_generator,
     check_positive,
     check_same_shape,
 )
-from shared.losses.core import autocast_off
 
 __all__ = [
     "PRIORS",
@@ -253,6 +253,11 @@ class GeneralizedContrastiveLoss(nn.Module):
 
     def forward(self, h1: Tensor, h2: Tensor) -> Tensor:
         return generalized_contrastive_loss(
-            h1, h2, prior=self.prior, lam=self.lam, temperature=self.temperature,
-            scale=self.scale, generator=self.generator_for(h1.device),
-        )  # fmt: skip
+            h1,
+            h2,
+            prior=self.prior,
+            lam=self.lam,
+            temperature=self.temperature,
+            scale=self.scale,
+            generator=self.generator_for(h1.device),
+        )

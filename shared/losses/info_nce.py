@@ -10,14 +10,15 @@ query. The shared sums go through the contrastive core (:mod:`shared.losses.core
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shared.distributed import gather_with_offset
-from shared.losses._checks import (
+from shared.losses.common import (
+    Gather,
+    Reduction,
+    autocast_off,
     check_block_size,
     check_features,
     check_gather,
@@ -26,12 +27,10 @@ from shared.losses._checks import (
     check_same_shape,
     reduce,
 )
-from shared.losses.core import autocast_off, masked_logsumexp
-from shared.losses.supcon import Gather
+from shared.losses.core import masked_logsumexp
 
 __all__ = ["InfoNCELoss", "info_nce_loss", "two_view_info_nce_loss"]
 
-Reduction = Literal["mean", "sum", "none"]
 
 # MoCo v1 (He et al. 2020) uses τ = 0.07 with a linear head; MoCo v2 (Chen et al. 2020,
 # "Improved Baselines with Momentum Contrastive Learning") moves to τ = 0.2 with its MLP head,
@@ -158,13 +157,23 @@ def two_view_info_nce_loss(
         z1, z2: ``(N, D)``; negatives: ``(K, D)``; result: scalar.
     """
     forward = info_nce_loss(
-        z1, z2, negatives, temperature=temperature, gather=gather, block_size=block_size,
+        z1,
+        z2,
+        negatives,
+        temperature=temperature,
+        gather=gather,
+        block_size=block_size,
         in_batch=True,
-    )  # fmt: skip
+    )
     backward = info_nce_loss(
-        z2, z1, negatives, temperature=temperature, gather=gather, block_size=block_size,
+        z2,
+        z1,
+        negatives,
+        temperature=temperature,
+        gather=gather,
+        block_size=block_size,
         in_batch=True,
-    )  # fmt: skip
+    )
     return 0.5 * (forward + backward)
 
 
@@ -229,9 +238,15 @@ class InfoNCELoss(nn.Module):
         self, query: Tensor, positive_key: Tensor, negative_keys: Tensor | None = None
     ) -> Tensor:
         return info_nce_loss(
-            query, positive_key, negative_keys, temperature=self.temperature, gather=self.gather,
-            block_size=self.block_size, reduction=self.reduction, in_batch=self.in_batch,
-        )  # fmt: skip
+            query,
+            positive_key,
+            negative_keys,
+            temperature=self.temperature,
+            gather=self.gather,
+            block_size=self.block_size,
+            reduction=self.reduction,
+            in_batch=self.in_batch,
+        )
 
     def extra_repr(self) -> str:
         return (

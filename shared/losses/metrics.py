@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from shared.losses._checks import check_features, check_positive, check_same_shape
+from shared.losses.common import check_features, check_positive, check_same_shape
 
 __all__ = ["alignment", "uniformity"]
 

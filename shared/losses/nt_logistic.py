@@ -35,16 +35,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shared.losses._checks import (
+from shared.losses.common import (
+    Reduction,
+    autocast_off,
     check_choice,
     check_features,
     check_positive,
     check_reduction,
     check_same_shape,
+    l2_normalize,
     reduce,
+    upcast,
 )
-from shared.losses.core import autocast_off
-from shared.losses.supcon import Reduction, _normalize, _upcast
 
 __all__ = ["NEGATIVE_WEIGHTS", "NTLogisticLoss", "nt_logistic_loss"]
 
@@ -83,7 +85,7 @@ def nt_logistic_loss(
     check_reduction(reduction)
     N, D = z1.shape
     with autocast_off(z1):
-        prepare = _normalize if normalize else _upcast  # fp32 maths (fp64 stays fp64)
+        prepare = l2_normalize if normalize else upcast  # fp32 maths (fp64 stays fp64)
         z = prepare(torch.stack([z1, z2], dim=1)).reshape(2 * N, D)  # (2N, D), row n·2 + v
         logits = z @ z.T / temperature  # (2N, 2N)
         rows = torch.arange(2 * N, device=z.device)  # (2N,)
@@ -120,6 +122,10 @@ class NTLogisticLoss(nn.Module):
 
     def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
         return nt_logistic_loss(
-            z1, z2, temperature=self.temperature, normalize=self.normalize,
-            negative_weight=self.negative_weight, reduction=self.reduction,
-        )  # fmt: skip
+            z1,
+            z2,
+            temperature=self.temperature,
+            normalize=self.normalize,
+            negative_weight=self.negative_weight,
+            reduction=self.reduction,
+        )

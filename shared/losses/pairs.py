@@ -12,16 +12,19 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shared.losses._checks import (
+from shared.losses.common import (
+    Reduction,
+    autocast_off,
     check_block_size,
     check_features,
     check_positive,
     check_reduction,
     check_same_shape,
+    l2_normalize,
     reduce,
+    upcast,
 )
-from shared.losses.core import autocast_off, masked_logsumexp
-from shared.losses.supcon import Reduction, _normalize, _upcast
+from shared.losses.core import masked_logsumexp
 
 __all__ = ["NPairsLoss", "TripletLoss", "npairs_loss", "triplet_loss"]
 
@@ -54,14 +57,17 @@ def npairs_loss(
     check_reduction(reduction)
     with autocast_off(anchors):
         a, p = (
-            (_normalize(anchors), _normalize(positives))
+            (l2_normalize(anchors), l2_normalize(positives))
             if normalize
-            else (_upcast(anchors), _upcast(positives))
+            else (upcast(anchors), upcast(positives))
         )
         lse = masked_logsumexp(  # raw rows: the core measures their norms (one host read)
-            a, p, temperature=temperature, block_size=block_size,
+            a,
+            p,
+            temperature=temperature,
+            block_size=block_size,
             norm_bound=1.0 if normalize else None,
-        )  # fmt: skip
+        )
         per_anchor = lse.all - (a * p).sum(1) / temperature  # (N,)
         return reduce(per_anchor, reduction)
 
@@ -100,7 +106,7 @@ def triplet_loss(
     _check_margin(margin)
     check_reduction(reduction)
     with autocast_off(anchor):
-        prepare = _normalize if normalize else _upcast  # fp32 maths under bf16 autocast
+        prepare = l2_normalize if normalize else upcast  # fp32 maths under bf16 autocast
         anchor, positive, negative = (prepare(x) for x in (anchor, positive, negative))
         d_pos = (anchor - positive).pow(2).sum(1)  # (N,)
         d_neg = (anchor - negative).pow(2).sum(1)  # (N,)
@@ -125,9 +131,13 @@ class NPairsLoss(nn.Module):
 
     def forward(self, anchors: Tensor, positives: Tensor) -> Tensor:
         return npairs_loss(
-            anchors, positives, temperature=self.temperature, normalize=self.normalize,
-            block_size=self.block_size, reduction=self.reduction,
-        )  # fmt: skip
+            anchors,
+            positives,
+            temperature=self.temperature,
+            normalize=self.normalize,
+            block_size=self.block_size,
+            reduction=self.reduction,
+        )
 
 
 class TripletLoss(nn.Module):
@@ -143,6 +153,10 @@ class TripletLoss(nn.Module):
 
     def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
         return triplet_loss(
-            anchor, positive, negative, margin=self.margin, normalize=self.normalize,
+            anchor,
+            positive,
+            negative,
+            margin=self.margin,
+            normalize=self.normalize,
             reduction=self.reduction,
-        )  # fmt: skip
+        )

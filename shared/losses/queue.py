@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from shared.distributed import gather_no_grad
-from shared.losses.supcon import _normalize
+from shared.losses.common import l2_normalize
 
 __all__ = ["MemoryQueue"]
 
@@ -102,7 +102,7 @@ class MemoryQueue(nn.Module):
             raise ValueError(f"keys must be a floating tensor, got dtype {keys.dtype}")
         new = gather_no_grad(keys.detach())  # (B, D), every rank's rows in rank order
         if self.normalize:
-            new = _normalize(new)
+            new = l2_normalize(new)
         new = new.to(self.keys)  # (B, D) in the buffer's dtype and device
         B, K = new.shape[0], self.size
         if B == 0:

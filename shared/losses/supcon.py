@@ -1,4 +1,4 @@
-"""SupCon (L_out, L_in), NT-Xent / InfoNCE, the GraphCL-paper variant, N-pairs and triplet.
+"""SupCon (L_out, L_in) and NT-Xent / InfoNCE (SupCon with one positive per anchor).
 
 All of them are thin derivations of the contrastive core (:mod:`shared.losses.core`): a masked
 log-softmax over ``anchors × contrasts``. SupCon's ``L_out`` never builds an N×N positive mask:
@@ -16,14 +16,17 @@ loss with a zero gradient (an empty per-row tensor with ``reduction="none"``).
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, TypeAlias
+from typing import Literal, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shared.distributed import gather_no_grad, gather_with_offset
-from shared.losses._checks import (
+from shared.losses.class_sums import class_ids, positive_logit_sums
+from shared.losses.common import (
+    Gather,
+    Reduction,
+    autocast_off,
     check_block_size,
     check_choice,
     check_features,
@@ -32,36 +35,20 @@ from shared.losses._checks import (
     check_positive,
     check_reduction,
     check_same_shape,
+    l2_normalize,
     reduce,
 )
-from shared.losses.class_sums import class_ids, positive_logit_sums
-from shared.losses.core import autocast_off, masked_logsumexp
+from shared.losses.core import masked_logsumexp
 
 __all__ = [
-    "GraphCLLoss",
     "NTXentLoss",
     "SupConLoss",
-    "graphcl_loss",
     "nt_xent_loss",
     "supcon_loss",
 ]
 
 Variant = Literal["out", "in"]
 ContrastMode = Literal["all", "one"]
-Reduction = Literal["mean", "sum", "none"]
-# False, True (every rank's rows; the row counts are exchanged, which reads them on the host) or
-# "equal" (every rank holds as many rows as this one: nothing is exchanged or read back)
-Gather: TypeAlias = bool | Literal["equal"]
-
-
-def _upcast(x: Tensor) -> Tensor:
-    """fp32 for the loss maths whatever the autocast dtype (fp64 stays fp64)."""
-    return x if x.dtype == torch.float64 else x.float()
-
-
-def _normalize(x: Tensor) -> Tensor:
-    """L2-normalise in fp32 (fp64 stays fp64): logits are never computed in half precision."""
-    return F.normalize(_upcast(x), dim=-1)
 
 
 def _other_view_sums(z: Tensor, contrast_mode: ContrastMode) -> tuple[Tensor, Tensor]:
@@ -145,18 +132,28 @@ def _supcon_rows(z: Tensor, y: Tensor | None, contrast_mode: ContrastMode, gathe
 def _supcon_out(rows: _Rows, temperature: float, block_size: int | None) -> Tensor:
     """Eq. 2: ℓ_i = log Σ_{a∈A(i)} exp(s_ia/τ) − mean_{p∈P(i)} s_ip/τ.  # (M,)"""
     lse = masked_logsumexp(
-        rows.anchors, rows.contrasts, temperature=temperature, self_index=rows.self_index,
-        block_size=block_size, norm_bound=1.0,
-    )  # fmt: skip
+        rows.anchors,
+        rows.contrasts,
+        temperature=temperature,
+        self_index=rows.self_index,
+        block_size=block_size,
+        norm_bound=1.0,
+    )
     return lse.all - rows.positive_sum / rows.n_pos.clamp(min=1) / temperature  # (M,)
 
 
 def _supcon_in(rows: _Rows, temperature: float, block_size: int | None) -> Tensor:
     """Eq. 3: ℓ_i = log Σ_{a∈A(i)} exp(s_ia/τ) − log mean_{p∈P(i)} exp(s_ip/τ).  # (M,)"""
     lse = masked_logsumexp(
-        rows.anchors, rows.contrasts, temperature=temperature, self_index=rows.self_index,
-        anchor_labels=rows.ya, contrast_labels=rows.yc, block_size=block_size, norm_bound=1.0,
-    )  # fmt: skip
+        rows.anchors,
+        rows.contrasts,
+        temperature=temperature,
+        self_index=rows.self_index,
+        anchor_labels=rows.ya,
+        contrast_labels=rows.yc,
+        block_size=block_size,
+        norm_bound=1.0,
+    )
     assert lse.positive is not None
     n_pos = rows.n_pos.clamp(min=1).to(lse.all.dtype)  # (M,)
     log_mean_pos = torch.where(rows.n_pos > 0, lse.positive, 0.0) - n_pos.log()  # (M,)
@@ -213,7 +210,7 @@ def supcon_loss(
     N, V, _ = features.shape
     y = None if labels is None else check_labels(labels, N)
     with autocast_off(features):
-        z = _normalize(features)  # (N, V, D)
+        z = l2_normalize(features)  # (N, V, D)
         rows = _supcon_rows(z, y, contrast_mode, gather)
         per_variant = _supcon_out if variant == "out" else _supcon_in
         per_anchor = per_variant(rows, temperature, block_size)  # (M,)
@@ -249,61 +246,13 @@ def nt_xent_loss(
     check_same_shape(z1, z2, "z1 and z2")
     features = torch.stack([z1, z2], dim=1)  # (N, 2, D)
     return supcon_loss(
-        features, None, temperature=temperature, gather=gather, block_size=block_size,
+        features,
+        None,
+        temperature=temperature,
+        gather=gather,
+        block_size=block_size,
         reduction=reduction,
-    )  # fmt: skip
-
-
-def graphcl_loss(
-    z1: Tensor,
-    z2: Tensor,
-    *,
-    temperature: float = 0.2,
-    gather: Gather = False,
-    block_size: int | None = None,
-    reduction: Reduction = "mean",
-) -> Tensor:
-    """The GraphCL paper's contrastive loss (You et al. 2020, the released code of every folder).
-
-    ℓ_i = −log(e^{s_ii'/τ} / Σ_{j≠i} e^{s_ij'/τ}): one direction only (view 1 anchors), negatives
-    from view 2 only, and the positive left OUT of the denominator, so the loss can be negative.
-    τ = 0.2 in the unsupervised TU experiments (0.5 semi-supervised, 0.1 transfer).
-
-    ``gather=True`` takes the negatives from every rank's second views (gradient-correct
-    all-gather): as for :func:`nt_xent_loss`, the loss is this rank's anchors' share and DDP's
-    gradient average equals one process holding the whole batch.
-
-    N = 0 gives a zero loss with a zero gradient (see :mod:`shared.losses.core`); N = 1 (over
-    all ranks with ``gather``) raises: the lone anchor has no negative, so its denominator is
-    empty and its loss would be −∞. ``gather="equal"`` as for :func:`supcon_loss`. Inputs are
-    not checked for NaN (that would wait for the device): the training loop checks the loss.
-
-    Shape:
-        z1, z2: ``(N, D)`` with N ≠ 1; result: scalar, or ``(N,)`` with ``reduction="none"``.
-    """
-    check_features(z1, "z1", ndim=2)
-    check_features(z2, "z2", ndim=2)
-    check_same_shape(z1, z2, "z1 and z2")
-    check_positive(temperature, "temperature")
-    check_reduction(reduction)
-    check_gather(gather)
-    with autocast_off(z1):
-        a, c = _normalize(z1), _normalize(z2)  # (N, D) each
-        c_all, offset = (
-            gather_with_offset(c, equal_sizes=gather == "equal") if gather else (c, 0)
-        )  # (Ng, D), rank order
-        if c_all.shape[0] == 1:
-            raise ValueError("graphcl_loss needs at least 2 samples (negatives), got 1")
-        # the positive column of each local anchor among all contrasts, left out
-        own = offset + torch.arange(a.shape[0], device=a.device)  # (N,)
-        lse = masked_logsumexp(
-            a, c_all, temperature=temperature, self_index=own, block_size=block_size,
-            norm_bound=1.0,
-        )  # fmt: skip
-        per_anchor = lse.all - (a * c).sum(1) / temperature  # (N,)
-        if gather and a.shape[0] == 0:  # keep the gather (and its backward all-reduce) in the graph
-            per_anchor = per_anchor + 0.0 * c_all.sum()
-        return reduce(per_anchor, reduction)
+    )
 
 
 class SupConLoss(nn.Module):
@@ -330,10 +279,15 @@ class SupConLoss(nn.Module):
 
     def forward(self, features: Tensor, labels: Tensor | None = None) -> Tensor:
         return supcon_loss(
-            features, labels, temperature=self.temperature, variant=self.variant,
-            contrast_mode=self.contrast_mode, gather=self.gather, block_size=self.block_size,
+            features,
+            labels,
+            temperature=self.temperature,
+            variant=self.variant,
+            contrast_mode=self.contrast_mode,
+            gather=self.gather,
+            block_size=self.block_size,
             reduction=self.reduction,
-        )  # fmt: skip
+        )
 
 
 class NTXentLoss(nn.Module):
@@ -354,29 +308,10 @@ class NTXentLoss(nn.Module):
 
     def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
         return nt_xent_loss(
-            z1, z2, temperature=self.temperature, gather=self.gather, block_size=self.block_size,
+            z1,
+            z2,
+            temperature=self.temperature,
+            gather=self.gather,
+            block_size=self.block_size,
             reduction=self.reduction,
-        )  # fmt: skip
-
-
-class GraphCLLoss(nn.Module):
-    """Module form of :func:`graphcl_loss`."""
-
-    def __init__(
-        self,
-        temperature: float = 0.2,
-        gather: Gather = False,
-        block_size: int | None = None,
-        reduction: Reduction = "mean",
-    ) -> None:
-        super().__init__()
-        self.temperature = check_positive(temperature, "temperature")
-        self.gather, self.block_size = check_gather(gather), check_block_size(block_size)
-        self.reduction: Reduction = reduction
-        check_reduction(reduction)
-
-    def forward(self, z1: Tensor, z2: Tensor) -> Tensor:
-        return graphcl_loss(
-            z1, z2, temperature=self.temperature, gather=self.gather, block_size=self.block_size,
-            reduction=self.reduction,
-        )  # fmt: skip
+        )

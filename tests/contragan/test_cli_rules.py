@@ -12,15 +12,36 @@ import torch
 from PIL import Image
 
 from contragan.cli import main as cli_main
-from contragan.train import Config, build_arch
-from contragan.train import main as train_main
+from contragan.commands.train import main as train_main
+from contragan.config import Config
+from contragan.models import build_arch
 from imagecl.data import ImageData, TensorImageDataset
 
 TINY = [
-    "--data", "digits", "--image-size", "16", "--arch", "digits", "--width", "8",
-    "--batch-size", "16", "--n-dis", "1", "--max-steps", "1", "--log-every", "1",
-    "--eval-every", "1", "--device", "cpu", "--amp", "off", "--no-progress",
-]  # fmt: skip
+    "--data",
+    "digits",
+    "--image-size",
+    "16",
+    "--arch",
+    "digits",
+    "--width",
+    "8",
+    "--batch-size",
+    "16",
+    "--n-dis",
+    "1",
+    "--max-steps",
+    "1",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "1",
+    "--device",
+    "cpu",
+    "--amp",
+    "off",
+    "--no-progress",
+]
 
 
 def test_evaluate_refuses_an_existing_evaluation_folder(
@@ -32,9 +53,23 @@ def test_evaluate_refuses_an_existing_evaluation_folder(
     earlier.parent.mkdir()
     earlier.write_text('{"fd": 1.0}\n')
     cache = tmp_path / "cache"
-    args = ["evaluate", "--checkpoint", str(run / "checkpoints" / "last.pt"), "--device", "cpu",
-            "--cache-dir", str(cache), "--seeds", "1", "--extractor-epochs", "1",
-            "--cas-epochs", "1", "--min-extractor-accuracy", "0"]  # fmt: skip
+    args = [
+        "evaluate",
+        "--checkpoint",
+        str(run / "checkpoints" / "last.pt"),
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(cache),
+        "--seeds",
+        "1",
+        "--extractor-epochs",
+        "1",
+        "--cas-epochs",
+        "1",
+        "--min-extractor-accuracy",
+        "0",
+    ]
     assert cli_main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already holds files" in err and "--out" in err
@@ -58,10 +93,15 @@ def _data(name: str, size: int, channels: int = 3) -> ImageData:
 
 @pytest.mark.parametrize(
     ("data", "size", "arch"),
-    [("digits", 32, "digits"), ("digits", 16, "digits"), ("digits-m", 64, "digits"),
-     ("cifar10", 32, "resnet32"), ("cifar100", 32, "resnet32"),
-     ("imagefolder", 32, "resnet32")],
-)  # fmt: skip
+    [
+        ("digits", 32, "digits"),
+        ("digits", 16, "digits"),
+        ("digits-m", 64, "digits"),
+        ("cifar10", 32, "resnet32"),
+        ("cifar100", 32, "resnet32"),
+        ("imagefolder", 32, "resnet32"),
+    ],
+)
 def test_auto_chooses_the_networks_by_data_set(data: str, size: int, arch: str) -> None:
     chosen = build_arch(Config(data=data, arch="auto"), _data(data, size))  # type: ignore[arg-type]
     assert chosen.name == arch and chosen.image_size == size
@@ -84,9 +124,25 @@ def test_the_cli_refuses_an_auto_size_with_one_line(
         for i in range(8):
             pixels = rng.integers(0, 256, (16, 16, 3), np.uint8)
             Image.fromarray(pixels).save(tmp_path / "images" / name / f"{i}.png")
-    args = ["train", "--data", "imagefolder", "--data-root", str(tmp_path / "images"),
-            "--image-size", "16", "--batch-size", "4", "--n-dis", "1", "--max-steps", "1",
-            "--device", "cpu", "--out", str(tmp_path / "run")]  # fmt: skip
+    args = [
+        "train",
+        "--data",
+        "imagefolder",
+        "--data-root",
+        str(tmp_path / "images"),
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--n-dis",
+        "1",
+        "--max-steps",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert cli_main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--arch auto picks resnet32" in err and "16×16" in err

@@ -12,16 +12,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from contragan.arch import LOSSES
 from contragan.losses import (
     ADV_LOSSES,
+    LossSettings,
+    ac_d_loss,
+    ac_g_loss,
+    contra_d_loss,
+    contra_g_loss,
     d_hinge,
     d_nonsaturating,
-    discriminator_loss,
     g_hinge,
     g_nonsaturating,
-    generator_loss,
+    proj_d_loss,
+    proj_g_loss,
 )
-from contragan.models import DiscOutput
+from contragan.networks import DiscOutput
+from contragan.steps import GAN_LOSSES, GanLossFns, discriminator_loss, generator_loss
 from shared.losses import conditional_contrastive_loss
 
 REAL = torch.tensor([2.0, 0.5, -1.0])
@@ -185,3 +192,41 @@ def test_acgan_without_class_logits_raises() -> None:
         discriminator_loss(out, out, y, y, loss="ac")
     with pytest.raises(ValueError, match="needs class_logits"):
         generator_loss(out, y, loss="ac")
+
+
+def test_every_method_has_one_row_of_d_and_g_losses() -> None:
+    """The step picks D's and G's loss by name from one table, with a row for every method the
+    networks can be built for."""
+    assert GAN_LOSSES == {
+        "contra": GanLossFns(contra_d_loss, contra_g_loss),
+        "proj": GanLossFns(proj_d_loss, proj_g_loss),
+        "ac": GanLossFns(ac_d_loss, ac_g_loss),
+    }
+    assert tuple(GAN_LOSSES) == LOSSES
+
+
+def test_the_by_name_losses_equal_the_table_rows() -> None:
+    real, fake = _outputs(4, 3, 5, seed=12, logits=True), _outputs(4, 3, 5, seed=13, logits=True)
+    y_real, y_fake = torch.tensor([0, 4, 2, 2]), torch.tensor([1, 3, 3, 0])
+    settings = LossSettings(adv="nonsaturating", lambda_2c=0.5, tau=0.3, ac_weight=2.0)
+    for loss, fns in GAN_LOSSES.items():
+        by_name = discriminator_loss(
+            real,
+            fake,
+            y_real,
+            y_fake,
+            loss=loss,
+            adv="nonsaturating",
+            lambda_2c=0.5,
+            tau=0.3,
+            ac_weight=2.0,
+        )
+        row = fns.discriminator(real, fake, y_real, y_fake, settings)
+        assert list(by_name) == list(row)
+        for key in row:
+            torch.testing.assert_close(by_name[key], row[key])
+        g_row = fns.generator(fake, y_fake, settings)
+        g_by_name = generator_loss(
+            fake, y_fake, loss=loss, adv="nonsaturating", lambda_2c=0.5, tau=0.3, ac_weight=2.0
+        )
+        assert list(g_by_name) == list(g_row) and next(iter(g_row)) == "loss"

@@ -22,11 +22,11 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 import contragan.distances as distances_module
 import contragan.extractor_cache as cache_module
 import contragan.metrics as metrics_module
+from contragan.data import ImageData, images_and_labels, load_data, to_signed_unit
 from contragan.extractor import (
     FeatureExtractor,
     _random_shift,
     new_classifier,
-    to_signed_unit,
     train_extractor,
 )
 from contragan.extractor_cache import load_or_train_extractor
@@ -42,7 +42,6 @@ from contragan.metrics import (
     precision_recall,
     real_vs_real,
 )
-from imagecl.data import ImageData, images_and_labels, load_data
 
 FIGURES = ("fd", "kid_mean", "kid_std", "precision", "recall", "density", "coverage")
 FIGURES += ("gan_test_acc", "cas_acc", "intra_fd_mean")
@@ -434,8 +433,9 @@ def test_gan_test_and_intra_fd_edge_cases(
         extractor16, images, labels
     )
     features = gaussian(6, 3, 0)
-    per_class = intra_class_fd(features, torch.tensor([0, 0, 0, 1, 1, 2]), features,
-                               torch.tensor([0, 0, 1, 1, 1, 1]), 3)  # fmt: skip
+    per_class = intra_class_fd(
+        features, torch.tensor([0, 0, 0, 1, 1, 2]), features, torch.tensor([0, 0, 1, 1, 1, 1]), 3
+    )
     assert math.isfinite(per_class[0]) and math.isfinite(per_class[1])
     assert math.isnan(per_class[2])  # class 2: one real sample, no generated one
 

@@ -11,16 +11,11 @@ import pytest
 import torch
 from torch import nn
 
+from contragan.arch import LOSSES, GanArch, GanLoss
 from contragan.layers import SelfAttention
-from contragan.losses import discriminator_loss, generator_loss
-from contragan.models import (
-    LOSSES,
-    Discriminator,
-    GanArch,
-    GanLoss,
-    Generator,
-    build_gan,
-)
+from contragan.models import build_gan
+from contragan.networks import Discriminator, Generator
+from contragan.steps import discriminator_loss, generator_loss
 
 
 def tiny_resnet32(loss: GanLoss = "contra") -> GanArch:
@@ -28,9 +23,13 @@ def tiny_resnet32(loss: GanLoss = "contra") -> GanArch:
     arch = GanArch.resnet32(loss=loss)
     width = 2 * 4  # D's trunk width with d_channels = 4
     return replace(
-        arch, z_dim=8, g_channels=4, d_channels=4, shared_dim=8,
+        arch,
+        z_dim=8,
+        g_channels=4,
+        d_channels=4,
+        shared_dim=8,
         embed_dim=16 if loss == "contra" else width,
-    )  # fmt: skip
+    )
 
 
 def small_digits(loss: GanLoss = "contra") -> GanArch:

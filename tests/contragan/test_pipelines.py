@@ -14,21 +14,40 @@ import safetensors.torch
 import torch
 
 from contragan.cli import main as cli_main
-from contragan.evaluate import main as evaluate_main
-from contragan.sample import main as sample_main
-from contragan.sample import parse_classes
-from contragan.train import load_generator
-from contragan.train import main as train_main
-from contragan.updater import GanUpdater
+from contragan.commands.evaluate import main as evaluate_main
+from contragan.commands.sample import main as sample_main
+from contragan.commands.sample import parse_classes
+from contragan.commands.train import main as train_main
+from contragan.models import load_generator
+from contragan.steps import GanUpdater
 from shared.checkpoint import load_checkpoint
 from shared.updaters import StepContext
 
 # digits at 16×16, narrow networks: a step takes a fraction of a second on one core
 TINY = [
-    "--data", "digits", "--image-size", "16", "--arch", "digits", "--width", "8",
-    "--batch-size", "16", "--n-dis", "2", "--ema-start", "2", "--ema-decay", "0.9",
-    "--log-every", "1", "--device", "cpu", "--amp", "off",
-]  # fmt: skip
+    "--data",
+    "digits",
+    "--image-size",
+    "16",
+    "--arch",
+    "digits",
+    "--width",
+    "8",
+    "--batch-size",
+    "16",
+    "--n-dis",
+    "2",
+    "--ema-start",
+    "2",
+    "--ema-decay",
+    "0.9",
+    "--log-every",
+    "1",
+    "--device",
+    "cpu",
+    "--amp",
+    "off",
+]
 
 
 def _train(out: Path, *extra: str) -> dict[str, Any]:
@@ -39,10 +58,19 @@ def _train(out: Path, *extra: str) -> dict[str, Any]:
 def test_train_writes_the_run_folder(tmp_path: Path, loss: str) -> None:
     out = tmp_path / loss
     summary = _train(out, "--loss", loss, "--max-steps", "3", "--eval-every", "2")
-    for name in ("config.json", "arch.json", "metrics.csv", "summary.json", "report.md",
-                 "generator.safetensors", "checkpoints/last.pt", "plots/samples.png",
-                 "plots/losses.png", "samples/grid_step000002.png",
-                 "samples/grid_step000003.png"):  # fmt: skip
+    for name in (
+        "config.json",
+        "arch.json",
+        "metrics.csv",
+        "summary.json",
+        "report.md",
+        "generator.safetensors",
+        "checkpoints/last.pt",
+        "plots/samples.png",
+        "plots/losses.png",
+        "samples/grid_step000002.png",
+        "samples/grid_step000003.png",
+    ):
         assert (out / name).is_file(), name
     assert summary["steps"] == 3 and summary["loss"] == loss
     header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
@@ -179,14 +207,35 @@ def test_evaluate_reports_every_figure_next_to_real_vs_real(
     out = tmp_path / "run"
     _train(out, "--max-steps", "1")
     ckpt = str(out / "checkpoints" / "last.pt")
-    common = ["--checkpoint", ckpt, "--device", "cpu", "--cache-dir", str(tmp_path / "cache"),
-              "--extractor-epochs", "1", "--cas-epochs", "1", "--seeds", "2"]  # fmt: skip
+    common = [
+        "--checkpoint",
+        ckpt,
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--extractor-epochs",
+        "1",
+        "--cas-epochs",
+        "1",
+        "--seeds",
+        "2",
+    ]
     # an extractor this weak is refused unless the threshold is lowered
     assert cli_main(["evaluate", *common]) == 2
     assert "below the required 0.9500" in capsys.readouterr().err
     summary = evaluate_main([*common, "--min-extractor-accuracy", "0"])
-    for key in ("fd", "kid_mean", "precision", "recall", "density", "coverage", "gan_test_acc",
-                "cas_acc", "intra_fd_mean"):  # fmt: skip
+    for key in (
+        "fd",
+        "kid_mean",
+        "precision",
+        "recall",
+        "density",
+        "coverage",
+        "gan_test_acc",
+        "cas_acc",
+        "intra_fd_mean",
+    ):
         assert math.isfinite(summary[key]) and math.isfinite(summary[f"real_{key}"]), key
         assert f"{key}_std" in summary and f"real_{key}_std" in summary
     # the refusal above saw the accuracy below 0.95; the run with the threshold at 0 reports it

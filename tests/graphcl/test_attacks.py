@@ -22,7 +22,7 @@ with warnings.catch_warnings():
     from torch_geometric.utils.smiles import e_map, x_map
 
     from graphcl.attacks import gradargmax_edge_flips, random_edge_flips
-    from graphcl.models import GINEncoder
+    from graphcl.encoders import GINEncoder
 
 ATOM_VOCAB = tuple(len(values) + 2 for values in x_map.values())
 BOND_VOCAB = tuple(len(values) + 2 for values in e_map.values())

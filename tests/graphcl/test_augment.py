@@ -24,7 +24,7 @@ from torch import Tensor
 from torch_geometric.data import Batch, Data
 from torch_geometric.utils import subgraph as pyg_subgraph
 
-from graphcl import sampling
+from graphcl import edge_perturbation, sampling
 from graphcl.adaptive import AugmentationSampler, project_simplex
 from graphcl.augment import (
     AUGMENTATIONS,
@@ -182,8 +182,12 @@ def test_contract(name: str) -> None:
 
 def test_registry() -> None:
     assert set(AUGMENTATIONS) == {
-        "drop_nodes", "perturb_edges", "mask_attributes", "subgraph", "identity"
-    }  # fmt: skip
+        "drop_nodes",
+        "perturb_edges",
+        "mask_attributes",
+        "subgraph",
+        "identity",
+    }
 
 
 # --------------------------------------------------------------------------- per-graph oracles
@@ -228,9 +232,12 @@ def _check_induced(original: Data, view: Data) -> Tensor:
     local = _local(view.x[:, 0], original)
     assert local.numel() == view.num_nodes and bool((local.diff() > 0).all())
     edge_index, edge_attr = pyg_subgraph(
-        local, original.edge_index, original.edge_attr, relabel_nodes=True,
+        local,
+        original.edge_index,
+        original.edge_attr,
+        relabel_nodes=True,
         num_nodes=original.num_nodes,
-    )  # fmt: skip
+    )
     assert torch.equal(view.edge_index, edge_index) and torch.equal(view.edge_attr, edge_attr)
     assert torch.equal(view.x, original.x[local]) and torch.equal(view.pos, original.pos[local])
     for key in ("y", "labels", "smiles"):
@@ -498,20 +505,20 @@ def test_pair_lookup_bitmap_equals_binary_search(monkeypatch: pytest.MonkeyPatch
     """Bond lookups by bitmap (small graphs) and by binary search (large) agree exactly."""
     batch = molecules(repeat=4)
     with_bitmap = perturb_edges(batch, 0.4, generator=gen(0))
-    monkeypatch.setattr(sampling, "BITMAP_BUDGET", 0)
+    monkeypatch.setattr(edge_perturbation, "BITMAP_BUDGET", 0)
     assert_batches_equal(perturb_edges(batch, 0.4, generator=gen(0)), with_bitmap)
 
 
 def test_further_rejection_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Graphs left short by a round draw again, excluding what was chosen: still exact."""
     lookups = []
-    isin = sampling._isin_sorted
+    isin = edge_perturbation._isin_sorted
 
     def counted(keys: Tensor, sorted_keys: Tensor) -> Tensor:
         lookups.append(keys.numel())
         return isin(keys, sorted_keys)
 
-    monkeypatch.setattr(sampling, "_isin_sorted", counted)
+    monkeypatch.setattr(edge_perturbation, "_isin_sorted", counted)
     batch = molecules(["path10", "benzene"], repeat=300)  # p = 0.5: 4 of 9 bonds, 3 of 6
     out = perturb_edges(batch, 0.5, generator=gen(0))
     assert lookups, "no second round happened: the test lost its purpose"
@@ -524,13 +531,13 @@ def test_further_rejection_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_node_choice_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Node choices that a first round leaves short draw again: exact counts, uniform."""
     rounds = []
-    draw = sampling._draw
+    draw = sampling.draw
 
     def counted(*args: Any, **kwargs: Any) -> Tensor:
         rounds.append(1)
         return draw(*args, **kwargs)
 
-    monkeypatch.setattr(sampling, "_draw", counted)
+    monkeypatch.setattr(sampling, "draw", counted)
     batch = molecules(["no_bonds"], repeat=4000)  # 4 nodes, 2 dropped: a round may fall short
     out = drop_nodes(batch, 0.5, generator=gen(0))
     assert len(rounds) > 1, "no second round happened: the test lost its purpose"
@@ -627,8 +634,14 @@ def test_identical_graphs_get_different_views(name: str) -> None:
     """Randomness is per graph: 32 copies of one molecule are not all augmented alike."""
     batch = molecules(["sparse30"], repeat=32)
     views = _call(name, batch, 0.3, generator=gen(0)).to_data_list()
-    keys = {(tuple((v.x[:, 0] % 1000).tolist()), tuple((v.edge_index).flatten().tolist()),
-             tuple((v.edge_attr[:, 0] % 1000).tolist())) for v in views}  # fmt: skip
+    keys = {
+        (
+            tuple((v.x[:, 0] % 1000).tolist()),
+            tuple((v.edge_index).flatten().tolist()),
+            tuple((v.edge_attr[:, 0] % 1000).tolist()),
+        )
+        for v in views
+    }
     assert len(keys) > 16
 
 
@@ -736,8 +749,9 @@ def test_device_equals_cpu(name: str) -> None:
     on_device = check_augmentation(name, batch.to(DEVICE))
     assert_batches_equal(on_device.cpu(), _call(name, batch, 0.3, generator=gen(0)))
     mixed = random_choice([drop_nodes, subgraph], batch.to(DEVICE), 0.3, generator=gen(0))
-    assert_batches_equal(mixed.cpu(), random_choice([drop_nodes, subgraph], batch, 0.3,
-                                                    generator=gen(0)))  # fmt: skip
+    assert_batches_equal(
+        mixed.cpu(), random_choice([drop_nodes, subgraph], batch, 0.3, generator=gen(0))
+    )
 
 
 # --------------------------------------------------------------------------- JOAO
@@ -781,10 +795,14 @@ def test_simplex_projection_against_scipy() -> None:
         v = torch.randn(8, generator=g, dtype=torch.float64)
         point = v.numpy()
         result = optimize.minimize(
-            lambda w, point=point: ((w - point) ** 2).sum(), x0=torch.full((8,), 1 / 8).numpy(),
-            jac=lambda w, point=point: 2 * (w - point), bounds=[(0, None)] * 8, method="SLSQP",
-            constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1}], tol=1e-14,
-        )  # fmt: skip
+            lambda w, point=point: ((w - point) ** 2).sum(),
+            x0=torch.full((8,), 1 / 8).numpy(),
+            jac=lambda w, point=point: 2 * (w - point),
+            bounds=[(0, None)] * 8,
+            method="SLSQP",
+            constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1}],
+            tol=1e-14,
+        )
         assert torch.allclose(project_simplex(v), torch.from_numpy(result.x), atol=1e-6)
     with pytest.raises(ValueError, match="float"):
         project_simplex(torch.tensor([1, 2]))

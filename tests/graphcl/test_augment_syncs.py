@@ -2,7 +2,7 @@
 
 Two kinds are counted into one ``Counter``: the ops :func:`tests.sync_counts.count_syncs`
 sees (a tensor value read on the host, a data-dependent output size), and the device→host
-copies of ``graphcl.batching._read``, which a CPU run cannot see (``.cpu()`` of a CPU tensor
+copies of ``graphcl.indexing.read_to_host``, which a CPU run cannot see (``.cpu()`` of a CPU tensor
 dispatches nothing), counted by a spy as ``READ``. On a GPU both kinds wait for the device.
 
 What remains, and why: an augmentation that changes graph sizes reads the new per-graph edge
@@ -16,6 +16,7 @@ the batch) and then each part's read.
 from __future__ import annotations
 
 import functools
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,19 +27,19 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch_geometric.data import Batch
 
-from graphcl import augment, batching, sampling
+from graphcl import augment, collation, indexing, subgraph_growth
 from tests.graphcl.test_augment import MASK, assert_batches_equal, gen, molecules
 from tests.sync_counts import SyncCounter, count_syncs
 
-READ = "graphcl.batching._read"
+READ = "graphcl.indexing.read_to_host"
 LSD = "aten._local_scalar_dense"
 
 
 @contextmanager
 def counting_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Count every ``graphcl.batching._read`` into the active :class:`SyncCounter` as
-    ``READ`` (outside a counter it is not counted)."""
-    read = batching._read
+    """Count every ``graphcl.indexing.read_to_host`` into the active :class:`SyncCounter` as
+    ``READ`` (outside a counter it is not counted), in every graphcl module that calls it."""
+    read = indexing.read_to_host
 
     def spy(values: torch.Tensor) -> torch.Tensor:
         mode = _get_current_dispatch_mode()
@@ -46,9 +47,9 @@ def counting_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             mode.counts[READ] += 1
         return read(values)
 
-    for module in (batching, augment, sampling):
-        if hasattr(module, "_read"):
-            monkeypatch.setattr(module, "_read", spy)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("graphcl.") and getattr(module, "read_to_host", None) is read:
+            monkeypatch.setattr(module, "read_to_host", spy)
     yield
 
 
@@ -97,9 +98,9 @@ def test_host_round_trips_per_call(
 def test_the_read_spy_sees_a_read() -> None:
     """A control: the spy counts a direct read once, under the counter only."""
     with pytest.MonkeyPatch.context() as monkeypatch, counting_reads(monkeypatch):
-        batching._read(torch.ones(3))  # outside the counter: not counted
+        indexing.read_to_host(torch.ones(3))  # outside the counter: not counted
         with count_syncs() as counts:
-            batching._read(torch.ones(3))
+            indexing.read_to_host(torch.ones(3))
     assert counts == Counter({READ: 1})
 
 
@@ -112,7 +113,7 @@ def test_unsettled_growth_and_unfinished_choices_give_the_same_views(
     default = augment.subgraph(batch, 0.3, generator=gen(2))
     short = molecules(["no_bonds"], repeat=4000)  # 4 nodes, 2 dropped: a round may fall short
     dropped = augment.drop_nodes(short, 0.5, generator=gen(0))
-    monkeypatch.setattr(sampling, "RELAX_ROUNDS", 1)
+    monkeypatch.setattr(subgraph_growth, "RELAX_ROUNDS", 1)
     with counting_reads(monkeypatch):
         with count_syncs() as counts:
             few_rounds = augment.subgraph(batch, 0.3, generator=gen(2))
@@ -130,8 +131,8 @@ def test_indices_with_a_known_count_equal_nonzero(seed: int) -> None:
     mask = torch.rand(200, generator=gen(seed)) < 0.3
     mask[:2] = seed == 1  # empty and full starts
     expected = mask.nonzero().view(-1)
-    assert torch.equal(batching._indices(mask, expected.numel()), expected)
-    assert batching._indices(torch.zeros(0, dtype=torch.bool), 0).numel() == 0
+    assert torch.equal(indexing.true_indices(mask, expected.numel()), expected)
+    assert indexing.true_indices(torch.zeros(0, dtype=torch.bool), 0).numel() == 0
 
 
 def test_layout_is_carried_by_the_views() -> None:
@@ -139,8 +140,8 @@ def test_layout_is_carried_by_the_views() -> None:
     attribute makes it derive the layout again (and refuse the attribute)."""
     batch = molecules(repeat=2)
     view = augment.drop_nodes(batch, 0.3, generator=gen(0))
-    assert batching._layout(view) is batching._layout(view)
-    assert batching._layout(view) == batching._layout(batch)
+    assert collation.batch_layout(view) is collation.batch_layout(view)
+    assert collation.batch_layout(view) == collation.batch_layout(batch)
     view.extra = torch.zeros(view.num_nodes)
     with pytest.raises(ValueError, match="not made by collation"):
         augment.drop_nodes(view, 0.3)

@@ -491,9 +491,17 @@ def test_collate_graphs_offsets_edges_and_stacks_targets(module_cache: Path) -> 
 
 # scaffold sets: benzene {0, 2, 4, 6, 8}, acyclic "" {1, 3, 5}, cyclohexane {7}, pyridine {9}
 HAND_BUILT = [
-    "c1ccccc1", "CCO", "Cc1ccccc1", "CCCC", "Oc1ccccc1",
-    "CC(=O)O", "Nc1ccccc1", "OC1CCCCC1", "CCc1ccccc1", "Cc1ccncc1",
-]  # fmt: skip
+    "c1ccccc1",
+    "CCO",
+    "Cc1ccccc1",
+    "CCCC",
+    "Oc1ccccc1",
+    "CC(=O)O",
+    "Nc1ccccc1",
+    "OC1CCCCC1",
+    "CCc1ccccc1",
+    "Cc1ccncc1",
+]
 
 
 def test_scaffold_split_on_a_hand_built_list() -> None:

@@ -19,7 +19,7 @@ with warnings.catch_warnings():
     from torch_geometric.utils import from_smiles
     from torch_geometric.utils.smiles import e_map, x_map
 
-    from graphcl.models import (
+    from graphcl.encoders import (
         ENCODERS,
         TUGIN,
         CategoricalEmbedding,
@@ -46,9 +46,15 @@ def _build(config: tuple[str, str, str], **kwargs: Any) -> GINEncoder | TUGIN:
     name, jk, pooling = config
     if name == "gin":
         return build_encoder(
-            "gin", atom_vocab=ATOM_VOCAB, bond_vocab=BOND_VOCAB, num_layers=3, hidden=16,
-            jk=jk, pooling=pooling, **kwargs,
-        )  # fmt: skip
+            "gin",
+            atom_vocab=ATOM_VOCAB,
+            bond_vocab=BOND_VOCAB,
+            num_layers=3,
+            hidden=16,
+            jk=jk,
+            pooling=pooling,
+            **kwargs,
+        )
     if name == "tu_gin_atoms":
         return build_encoder("tu_gin", atom_vocab=ATOM_VOCAB, bond_vocab=BOND_VOCAB, **kwargs)
     return build_encoder("tu_gin", in_dim=TU_IN_DIM, **kwargs)

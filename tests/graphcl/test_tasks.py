@@ -12,13 +12,27 @@ import torch
 pytest.importorskip("rdkit")
 from rdkit import Chem
 
-from graphcl import finetune, pretrain, probe
+from graphcl.commands import finetune, pretrain, probe
 from graphcl.data import load_molecules
 from graphcl.tasks import choose_task, infer_task
 
 NAN = math.nan
-TINY = ["--device", "cpu", "--num-layers", "2", "--hidden", "16", "--epochs", "1", "--seeds", "0",
-        "--batch-size", "16", "--flips", "1"]  # fmt: skip
+TINY = [
+    "--device",
+    "cpu",
+    "--num-layers",
+    "2",
+    "--hidden",
+    "16",
+    "--epochs",
+    "1",
+    "--seeds",
+    "0",
+    "--batch-size",
+    "16",
+    "--flips",
+    "1",
+]
 
 
 def test_only_zero_one_labels_are_guessed_as_classification() -> None:
@@ -61,8 +75,9 @@ def _csv(path: Path, count: int = 60) -> Path:
 
 
 def _finetune(data: Path, target: str, out: Path, *extra: str) -> dict[str, Any]:
-    return finetune.main([*TINY, "--data", str(data), "--target", target, "--out", str(out),
-                          *extra])  # fmt: skip
+    return finetune.main(
+        [*TINY, "--data", str(data), "--target", target, "--out", str(out), *extra]
+    )
 
 
 def test_finetune_an_integer_count_as_regression_and_01_labels_as_classes(

@@ -16,9 +16,11 @@ from torch import Tensor, nn
 # needs the image extra (kornia): skipped without it, not a collection error
 pytest.importorskip("kornia")
 
-from imagecl import evaluate, train
+from imagecl import evaluate
 from imagecl.attacks import fgsm_contrastive, pgd_contrastive
 from imagecl.backbones import build_backbone
+from imagecl.commands import eval as eval_command
+from imagecl.commands import train
 from imagecl.data import ImageData, images_and_labels, load_data
 from shared.losses import nt_xent_loss
 from shared.probes import ProbeResult, linear_probe
@@ -29,23 +31,42 @@ EPS = 0.03  # pixel units; large enough that every step moves, small enough for 
 
 class Attack(Protocol):
     def __call__(
-        self, loss_fn: Callable[[Tensor], Tensor], x: Tensor, *, eps: float,
+        self,
+        loss_fn: Callable[[Tensor], Tensor],
+        x: Tensor,
+        *,
+        eps: float,
         generator: torch.Generator | None = None,
-    ) -> Tensor: ...  # fmt: skip
+    ) -> Tensor: ...
 
 
-def _fgsm(loss_fn: Callable[[Tensor], Tensor], x: Tensor, *, eps: float,
-          generator: torch.Generator | None = None) -> Tensor:  # fmt: skip
+def _fgsm(
+    loss_fn: Callable[[Tensor], Tensor],
+    x: Tensor,
+    *,
+    eps: float,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     return fgsm_contrastive(loss_fn, x, eps=eps)
 
 
-def _pgd(loss_fn: Callable[[Tensor], Tensor], x: Tensor, *, eps: float,
-         generator: torch.Generator | None = None) -> Tensor:  # fmt: skip
+def _pgd(
+    loss_fn: Callable[[Tensor], Tensor],
+    x: Tensor,
+    *,
+    eps: float,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     return pgd_contrastive(loss_fn, x, eps=eps, steps=5, generator=generator)
 
 
-def _pgd_no_start(loss_fn: Callable[[Tensor], Tensor], x: Tensor, *, eps: float,
-                  generator: torch.Generator | None = None) -> Tensor:  # fmt: skip
+def _pgd_no_start(
+    loss_fn: Callable[[Tensor], Tensor],
+    x: Tensor,
+    *,
+    eps: float,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     return pgd_contrastive(loss_fn, x, eps=eps, steps=5, random_start=False)
 
 
@@ -225,19 +246,25 @@ def _scalar_loss(x_adv: Tensor) -> Tensor:
     [
         (lambda: fgsm_contrastive(_scalar_loss, torch.rand(2, 3), eps=-0.1), "-0.1"),
         (lambda: pgd_contrastive(_scalar_loss, torch.rand(2, 3), eps=math.nan), "nan"),
-        (lambda: fgsm_contrastive(_scalar_loss, torch.zeros(2, 3, dtype=torch.uint8), eps=0.1),
-         "torch.uint8"),
-        (lambda: fgsm_contrastive(_scalar_loss, torch.rand(2, 3), eps=0.1, clamp=(1.0, 0.0)),
-         r"\(1.0, 0.0\)"),
+        (
+            lambda: fgsm_contrastive(_scalar_loss, torch.zeros(2, 3, dtype=torch.uint8), eps=0.1),
+            "torch.uint8",
+        ),
+        (
+            lambda: fgsm_contrastive(_scalar_loss, torch.rand(2, 3), eps=0.1, clamp=(1.0, 0.0)),
+            r"\(1.0, 0.0\)",
+        ),
         (lambda: pgd_contrastive(_scalar_loss, torch.rand(2, 3), eps=0.1, steps=0), "got 0"),
         (lambda: pgd_contrastive(_scalar_loss, torch.rand(2, 3), eps=0.1, steps=2.0), "2.0"),  # type: ignore[arg-type]
         (lambda: pgd_contrastive(_scalar_loss, torch.rand(2, 3), eps=0.1, step_size=0.0), "0.0"),
         (lambda: pgd_contrastive(_scalar_loss, torch.rand(2, 3), eps=0.0, step_size=-1.0), "-1.0"),
         (lambda: fgsm_contrastive(lambda x: x.square(), torch.rand(2, 3), eps=0.1), r"\(2, 3\)"),
-        (lambda: fgsm_contrastive(lambda x: torch.ones(()), torch.rand(2, 3), eps=0.1),
-         "does not depend"),
+        (
+            lambda: fgsm_contrastive(lambda x: torch.ones(()), torch.rand(2, 3), eps=0.1),
+            "does not depend",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_settings_raise_naming_the_value(call: Callable[[], Tensor], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call()
@@ -287,14 +314,40 @@ def test_robust_accuracy_is_at_most_clean_and_equals_it_at_eps_zero(
 
 def test_eval_attack_pgd_writes_the_robust_accuracy(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    train.main(["--quick", "--device", "cpu", "--batch-size", "64", "--epochs", "1",
-                "--max-steps", "2", "--out", str(run)])  # fmt: skip
+    train.main(
+        [
+            "--quick",
+            "--device",
+            "cpu",
+            "--batch-size",
+            "64",
+            "--epochs",
+            "1",
+            "--max-steps",
+            "2",
+            "--out",
+            str(run),
+        ]
+    )
     out = tmp_path / "eval"
-    summary = evaluate.main(
-        ["--checkpoint", str(run / "checkpoints" / "last.pt"), "--attack", "pgd",
-         "--attack-steps", "2", "--eps", "0.0314", "--severities", "1", "--device", "cpu",
-         "--out", str(out)]
-    )  # fmt: skip
+    summary = eval_command.main(
+        [
+            "--checkpoint",
+            str(run / "checkpoints" / "last.pt"),
+            "--attack",
+            "pgd",
+            "--attack-steps",
+            "2",
+            "--eps",
+            "0.0314",
+            "--severities",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     robust = summary["pgd_robust_accuracy"]
     assert 0.0 <= robust <= summary["linear_probe_accuracy"]
     assert json.loads((out / "summary.json").read_text())["pgd_robust_accuracy"] == robust

@@ -14,14 +14,17 @@ from torch import nn
 # needs the image extra (kornia): skipped without it, not a collection error
 pytest.importorskip("kornia")
 
-from imagecl import clae, evaluate, train
+from imagecl import clae, config, models
 from imagecl.augment import SimCLRViews
 from imagecl.backbones import build_backbone
 from imagecl.clae import adversarial_view
+from imagecl.commands import eval as eval_command
+from imagecl.commands import train
 from imagecl.data import images_and_labels, load_data
 from imagecl.dual_bn import DualBatchNorm2d, adversarial_rows, convert_dual_bn
 from imagecl.evaluate import encode, evaluate_encoder
-from imagecl.models import ImageModel
+from imagecl.networks import ImageModel
+from imagecl.steps import adversary_of, train_step
 from shared.config import parse_config
 from shared.runtime import unwrap
 
@@ -47,9 +50,9 @@ def test_adversarial_rows_use_their_own_batch_norm() -> None:
     torch.testing.assert_close(net(clean), reference(net[0](clean)))  # no rows: clean branch
 
 
-def _cfg(argv: list[str]) -> train.Config:
-    quick = {"quick": train.QUICK}
-    return parse_config(train.Config, ["--quick", "--batch-size", "16", *argv], presets=quick)
+def _cfg(argv: list[str]) -> config.Config:
+    quick = {"quick": config.QUICK}
+    return parse_config(config.Config, ["--quick", "--batch-size", "16", *argv], presets=quick)
 
 
 @pytest.mark.parametrize("steps", [1, 3])
@@ -58,7 +61,7 @@ def test_adversarial_view_stays_in_the_eps_ball_and_leaves_parameter_grads_alone
 ) -> None:
     data = load_data("digits-m", seed=0)
     cfg = _cfg(["--method", "clae", "--adv-steps", str(steps)])
-    built = train.build(cfg, device=CPU, data=data)
+    built = models.build(cfg, device=CPU, data=data)
     model = unwrap(built.model)
     assert isinstance(model, ImageModel)
     assert any(isinstance(m, DualBatchNorm2d) for m in model.modules())
@@ -66,8 +69,14 @@ def test_adversarial_view_stays_in_the_eps_ball_and_leaves_parameter_grads_alone
     x = built.views(images, generator=torch.Generator().manual_seed(0))
     sentinel = next(model.parameters())
     sentinel.grad = torch.full_like(sentinel, 7.0)
-    x_adv = adversarial_view(model, x[:, 0], labels, cfg=cfg, mean=built.views.mean,
-                             std=built.views.std)  # fmt: skip
+    x_adv = adversarial_view(
+        model,
+        x[:, 0],
+        labels,
+        adversary=adversary_of(cfg),
+        mean=built.views.mean,
+        std=built.views.std,
+    )
     m, s = built.views.mean.view(1, -1, 1, 1), built.views.std.view(1, -1, 1, 1)
     pixels, adv_pixels = (x[:, 0] * s + m).clamp(0, 1), x_adv * s + m
     assert (adv_pixels - pixels).abs().max() <= cfg.adv_eps + 1e-5
@@ -81,9 +90,23 @@ def test_clae_and_adversarial_supcon_train(tmp_path: Path) -> None:
     for method, extra in (("clae", []), ("supcon", ["--adversarial", "--adv-steps", "2"])):
         out = tmp_path / method
         summary = train.main(
-            ["--quick", "--device", "cpu", "--batch-size", "64", "--max-steps", "2",
-             "--log-every", "1", "--method", method, "--out", str(out), *extra]
-        )  # fmt: skip
+            [
+                "--quick",
+                "--device",
+                "cpu",
+                "--batch-size",
+                "64",
+                "--max-steps",
+                "2",
+                "--log-every",
+                "1",
+                "--method",
+                method,
+                "--out",
+                str(out),
+                *extra,
+            ]
+        )
         assert summary["steps"] == 2
         assert "adversarial_loss" in (out / "metrics.csv").read_text().splitlines()[0]
         # the run's own robustness check: its plot, its section, its number
@@ -99,11 +122,25 @@ def test_clae_and_adversarial_supcon_train(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="adversarial applies to methods simclr and supcon"):
         _cfg(["--method", "ce", "--adversarial"])
     evaluated = tmp_path / "eval"
-    numbers = evaluate.main(
-        ["--checkpoint", str(tmp_path / "clae" / "checkpoints" / "last.pt"), "--attack", "fgsm",
-         "--eps", "0.0314", "--no-corruptions", "--labels-per-class", "1", "--knn-k", "20",
-         "--device", "cpu", "--out", str(evaluated)]
-    )  # fmt: skip
+    numbers = eval_command.main(
+        [
+            "--checkpoint",
+            str(tmp_path / "clae" / "checkpoints" / "last.pt"),
+            "--attack",
+            "fgsm",
+            "--eps",
+            "0.0314",
+            "--no-corruptions",
+            "--labels-per-class",
+            "1",
+            "--knn-k",
+            "20",
+            "--device",
+            "cpu",
+            "--out",
+            str(evaluated),
+        ]
+    )
     assert 0.0 <= numbers["fgsm_robust_accuracy"] <= numbers["linear_probe_accuracy"]
     assert (evaluated / "plots" / "robust_accuracy.png").stat().st_size > 0
     assert "![robust_accuracy](plots/robust_accuracy.png)" in (evaluated / "report.md").read_text()
@@ -145,14 +182,14 @@ def test_zero_weight_adversarial_term_leaves_the_supcon_step_unchanged() -> None
         ("alpha1", ["--method", "supcon", "--adversarial"]),
     ):
         cfg = _cfg(flags)
-        built = train.build(cfg, device=CPU, data=data)
+        built = models.build(cfg, device=CPU, data=data)
         model = unwrap(built.model)
         images, labels = next(iter(built.loader))
         if "x" not in steps:  # one draw of the views for all three (the same loader order)
             steps["x"] = built.views(images, generator=torch.Generator().manual_seed(0))
             steps["batch"] = (images, labels)
         views = FixedViews(built.views, steps["x"])
-        out = train.train_step(model, steps["batch"], cfg=cfg, views=views, gather=False)  # type: ignore[arg-type]
+        out = train_step(model, steps["batch"], cfg=cfg, views=views, gather=False)  # type: ignore[arg-type]
         out["loss"].backward()
         grads = {
             n.replace(".clean.", "."): p.grad
@@ -178,11 +215,11 @@ def test_evaluation_reads_the_clean_batch_norm_branch() -> None:
     evaluation (probe, kNN, attacks) sees in eval mode is the clean one."""
     data = load_data("digits-m", seed=0)
     cfg = _cfg(["--method", "clae"])
-    built = train.build(cfg, device=CPU, data=data)
+    built = models.build(cfg, device=CPU, data=data)
     model = unwrap(built.model)
     assert isinstance(model, ImageModel)
     for _, batch in zip(range(2), built.loader, strict=False):
-        train.train_step(model, batch, cfg=cfg, views=built.views, gather=False)["loss"].backward()
+        train_step(model, batch, cfg=cfg, views=built.views, gather=False)["loss"].backward()
     layers = [m for m in model.modules() if isinstance(m, DualBatchNorm2d)]
     assert not torch.allclose(layers[0].clean.running_mean, layers[0].adversarial.running_mean)
     images = images_and_labels(data.test)[0][:32]  # (32, C, H, W) uint8
@@ -200,8 +237,9 @@ def test_clae_on_digits_m_beats_the_random_init_encoder(tmp_path: Path) -> None:
     )
     data = load_data("digits-m", seed=0)
     torch.manual_seed(0)
-    baseline = evaluate_encoder(build_backbone("small_cnn", in_channels=3), data, device=CPU,
-                                knn_k=())  # fmt: skip
+    baseline = evaluate_encoder(
+        build_backbone("small_cnn", in_channels=3), data, device=CPU, knn_k=()
+    )
     margin = summary["linear_probe_accuracy"] - baseline["linear_probe_accuracy"]
     assert margin > 0.05, (summary["linear_probe_accuracy"], baseline["linear_probe_accuracy"])
 
@@ -220,7 +258,7 @@ def test_the_attack_leaves_every_batch_norm_running_statistic_alone(
     either branch; the adversarial view is the one the unfrozen forwards would give."""
     data = load_data("digits-m", seed=0)
     cfg = _cfg(["--method", "clae", "--head", "mlp3", *flags])  # mlp3: BatchNorm1d in the head
-    built = train.build(cfg, device=CPU, data=data)
+    built = models.build(cfg, device=CPU, data=data)
     model = unwrap(built.model)
     assert model.training
     images, labels = next(iter(built.loader))
@@ -229,7 +267,7 @@ def test_the_attack_leaves_every_batch_norm_running_statistic_alone(
     assert any(name.endswith("num_batches_tracked") for name in before)
     mean, std = built.views.mean, built.views.std
     torch.manual_seed(1)  # PGD's random start
-    x_adv = adversarial_view(model, x1, labels, cfg=cfg, mean=mean, std=std)
+    x_adv = adversarial_view(model, x1, labels, adversary=adversary_of(cfg), mean=mean, std=std)
     after = _buffers(model)
     assert after.keys() == before.keys()
     for name, value in before.items():
@@ -240,7 +278,9 @@ def test_the_attack_leaves_every_batch_norm_running_statistic_alone(
     unfrozen = copy.deepcopy(model)
     monkeypatch.setattr(clae, "frozen_bn_statistics", lambda module: contextlib.nullcontext())
     torch.manual_seed(1)
-    x_unfrozen = adversarial_view(unfrozen, x1, labels, cfg=cfg, mean=mean, std=std)
+    x_unfrozen = adversarial_view(
+        unfrozen, x1, labels, adversary=adversary_of(cfg), mean=mean, std=std
+    )
     torch.testing.assert_close(x_adv, x_unfrozen, rtol=0, atol=0)
     moved = _buffers(unfrozen)
     assert any(not torch.equal(moved[name], value) for name, value in before.items())

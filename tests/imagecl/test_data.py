@@ -20,14 +20,13 @@ from imagecl.data import (
     DATASETS,
     ImageData,
     TensorImageDataset,
-    _stratified_split,
     channel_stats,
     collate_uint8,
-    digit_images,
     images_and_labels,
     load_data,
 )
 from imagecl.digits_m import BACKGROUND_PHOTOS, blend_digits, random_background_crops
+from imagecl.sources import digit_images, stratified_split
 
 
 @pytest.fixture(scope="module")
@@ -157,11 +156,11 @@ def test_stratified_split_every_class_in_test() -> None:
 
 def test_stratified_split_is_a_seeded_partition() -> None:
     labels = torch.tensor([0] * 7 + [1] * 2 + [2] * 1 + [3] * 30)
-    train, test = _stratified_split(labels, 0.25, seed=0)
+    train, test = stratified_split(labels, 0.25, seed=0)
     assert torch.equal(torch.sort(torch.cat([train, test])).values, torch.arange(40))
     assert set(labels[test].tolist()) == {0, 1, 3}  # a class of one stays in train
-    assert torch.equal(_stratified_split(labels, 0.25, seed=0)[1], test)
-    assert not torch.equal(_stratified_split(labels, 0.25, seed=1)[1], test)
+    assert torch.equal(stratified_split(labels, 0.25, seed=0)[1], test)
+    assert not torch.equal(stratified_split(labels, 0.25, seed=1)[1], test)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,9 @@ import safetensors.torch
 import torch
 from PIL import Image
 
-from imagecl import evaluate, finetune, train
+from imagecl import models
+from imagecl.commands import eval as eval_command
+from imagecl.commands import finetune, train
 from shared.checkpoint import load_checkpoint, save_checkpoint
 
 CPU = torch.device("cpu")
@@ -26,10 +28,34 @@ CLASSES, PER_CLASS = 4, 40  # 30 train and 10 test images per class (test fracti
 # the t-SNE plot of every run needs more test images than its perplexity (30)
 STEPS = 2
 LABEL_FRACTION = 0.2  # 6 of the 30 training images of each class
-TINY = ["--device", "cpu", "--data", "imagefolder", "--image-size", "8", "--backbone",
-        "small_cnn", "--width", "4", "--head-dim", "8", "--batch-size", "16", "--epochs", "1",
-        "--max-steps", str(STEPS), "--optimizer", "adam", "--lr", "1e-3", "--warmup-epochs", "0",
-        "--log-every", "1"]  # fmt: skip
+TINY = [
+    "--device",
+    "cpu",
+    "--data",
+    "imagefolder",
+    "--image-size",
+    "8",
+    "--backbone",
+    "small_cnn",
+    "--width",
+    "4",
+    "--head-dim",
+    "8",
+    "--batch-size",
+    "16",
+    "--epochs",
+    "1",
+    "--max-steps",
+    str(STEPS),
+    "--optimizer",
+    "adam",
+    "--lr",
+    "1e-3",
+    "--warmup-epochs",
+    "0",
+    "--log-every",
+    "1",
+]
 
 Trained = Callable[[str], tuple[Path, dict[str, Any]]]
 
@@ -76,8 +102,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     def get(kind: str) -> tuple[Path, dict[str, Any]]:
         if kind not in cache:
             out = base / kind
-            summary = train.main([*TINY, "--data-root", str(images), "--out", str(out),
-                                  *KINDS[kind]])  # fmt: skip
+            summary = train.main(
+                [*TINY, "--data-root", str(images), "--out", str(out), *KINDS[kind]]
+            )
             cache[kind] = out, summary
         return cache[kind]
 
@@ -100,17 +127,30 @@ def _clean_encoder_state(model_state: dict[str, torch.Tensor]) -> dict[str, torc
     "kind", [k if k != "compile" else pytest.param(k, marks=pytest.mark.slow) for k in KINDS]
 )
 def test_eval_and_finetune_run_on_every_kind_of_training_run(
-    trained: Trained, kind: str, tmp_path: Path,
+    trained: Trained,
+    kind: str,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     run, summary = trained(kind)
     assert summary["steps"] == STEPS
     checkpoint = str(run / "checkpoints" / "last.pt")
 
-    numbers = evaluate.main(
-        ["--checkpoint", checkpoint, "--device", "cpu", "--no-corruptions",
-         "--labels-per-class", "1", "--knn-k", "3", "--out", str(tmp_path / "eval")]
-    )  # fmt: skip
+    numbers = eval_command.main(
+        [
+            "--checkpoint",
+            checkpoint,
+            "--device",
+            "cpu",
+            "--no-corruptions",
+            "--labels-per-class",
+            "1",
+            "--knn-k",
+            "3",
+            "--out",
+            str(tmp_path / "eval"),
+        ]
+    )
     # the checkpoint holds the encoder the run evaluated: the same probe, the same accuracy
     assert numbers["linear_probe_accuracy"] == summary["linear_probe_accuracy"]
 
@@ -124,10 +164,22 @@ def test_eval_and_finetune_run_on_every_kind_of_training_run(
 
     monkeypatch.setattr(finetune, "_train_one", spy)
     result = finetune.main(
-        ["--checkpoint", checkpoint, "--device", "cpu", "--label-fraction", str(LABEL_FRACTION),
-         "--steps", str(STEPS), "--batch-size", "16", "--no-compare-scratch",
-         "--out", str(tmp_path / "ft")]
-    )  # fmt: skip
+        [
+            "--checkpoint",
+            checkpoint,
+            "--device",
+            "cpu",
+            "--label-fraction",
+            str(LABEL_FRACTION),
+            "--steps",
+            str(STEPS),
+            "--batch-size",
+            "16",
+            "--no-compare-scratch",
+            "--out",
+            str(tmp_path / "ft"),
+        ]
+    )
     assert result["labels"] == CLASSES * round(LABEL_FRACTION * (PER_CLASS - PER_CLASS // 4))
     assert "finetuned_accuracy" in result and "scratch_accuracy" not in result
     # fine-tuning starts from the trained encoder (a dual batch norm's clean branch)
@@ -175,7 +227,7 @@ def test_a_checkpoint_with_compile_wrapper_keys_still_loads(
         k.replace("backbone.", "backbone._orig_mod.", 1): v for k, v in state["model"].items()
     }
     save_checkpoint(old / "checkpoints" / "last.pt", {**state, "model": wrapped})
-    _, _, model = train.load_trained(old / "checkpoints" / "last.pt", device=CPU)
+    _, _, model = models.load_trained(old / "checkpoints" / "last.pt", device=CPU)
     loaded = model.state_dict()
     assert loaded.keys() == state["model"].keys()
     for key, value in state["model"].items():

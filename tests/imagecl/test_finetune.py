@@ -10,12 +10,17 @@ import pytest
 import torch
 
 from imagecl.backbones import build_backbone
+from imagecl.config import ENCODER_FIELDS, Config, FinetuneConfig, finetune_config
 from imagecl.dual_bn import DualBatchNorm2d, adversarial_rows, convert_dual_bn, revert_dual_bn
-from imagecl.finetune import ENCODER_FIELDS, FinetuneConfig, finetune_config
-from imagecl.train import Config
 
-ENCODER = {"data": "digits", "image_size": 16, "backbone": "resnet18", "cifar_stem": False,
-           "width": 8, "augment": "small_gray"}  # fmt: skip
+ENCODER = {
+    "data": "digits",
+    "image_size": 16,
+    "backbone": "resnet18",
+    "cifar_stem": False,
+    "width": 8,
+    "augment": "small_gray",
+}
 # training settings that an earlier fine-tuning config copied and Config then refused for "ce"
 TRAINED = [
     {"method": "simclr"},
@@ -40,9 +45,19 @@ def test_finetune_config_comes_from_the_encoder_and_the_finetune_settings(
     assert made == reference  # whatever the run trained with, the same fine-tuning
     assert {name: getattr(made, name) for name in ENCODER} == ENCODER
     assert set(ENCODER) | {"data_root"} == set(ENCODER_FIELDS)
-    expected = {"method": "ce", "epochs": 7, "batch_size": 32, "max_steps": cfg.steps,
-                "lr": 0.01, "seed": 3, "optimizer": cfg.optimizer, "online_probe": False,
-                "adversarial": False, "queue_size": 0, "compile": False}  # fmt: skip
+    expected = {
+        "method": "ce",
+        "epochs": 7,
+        "batch_size": 32,
+        "max_steps": cfg.steps,
+        "lr": 0.01,
+        "seed": 3,
+        "optimizer": cfg.optimizer,
+        "online_probe": False,
+        "adversarial": False,
+        "queue_size": 0,
+        "compile": False,
+    }
     assert {name: getattr(made, name) for name in expected} == expected
 
 

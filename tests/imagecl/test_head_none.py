@@ -18,10 +18,10 @@ import torch.nn.functional as F
 # needs the image extra (kornia): skipped without it, not a collection error
 pytest.importorskip("kornia")
 
-from imagecl import train
+from imagecl import config, models, steps
 from imagecl.backbones import build_backbone
 from imagecl.data import load_data
-from imagecl.models import ImageModel
+from imagecl.networks import ImageModel
 from imagecl.studies import head
 from imagecl.studies.runner import CellResult
 from shared.losses import nt_xent_loss
@@ -46,17 +46,18 @@ class FixedViews:
 def test_head_none_contrasts_exactly_the_h_that_is_probed() -> None:
     """The step's contrastive loss is NT-Xent on backbone(x) of the two views, the online
     probe reads that same h, and the model's z is h itself (no copy, no normalisation)."""
-    cfg = train.Config(**{**train.QUICK, "device": "cpu", "width": 8, "batch_size": 16,
-                          "head": "none"})  # fmt: skip
+    cfg = config.Config(
+        **{**config.QUICK, "device": "cpu", "width": 8, "batch_size": 16, "head": "none"}
+    )
     data = load_data("digits-m", seed=0)
-    built = train.build(cfg, device=CPU, data=data)
+    built = models.build(cfg, device=CPU, data=data)
     model = unwrap(built.model)
     assert isinstance(model, ImageModel) and model.probe is not None
     images, labels = next(iter(built.loader))
     x = built.views(images, generator=torch.Generator().manual_seed(0))  # (N, 2, C, S, S)
     views = FixedViews(built.views.mean, built.views.std, x)
     torch.manual_seed(0)
-    out = train.train_step(model, (images, labels), cfg=cfg, views=views, gather=False)  # type: ignore[arg-type]
+    out = steps.train_step(model, (images, labels), cfg=cfg, views=views, gather=False)  # type: ignore[arg-type]
     torch.manual_seed(0)
     forward = model(x.flatten(0, 1))  # the same train-mode forward, rows n·2 + v
     assert forward.z is forward.h
@@ -102,11 +103,19 @@ def test_head_study_report_explains_the_no_head_cell(tmp_path: Path) -> None:
     """The head study's report carries the "none" cell's numbers next to the random-init
     encoder's and the reason: h is non-negative, so its cosines lie in [0, 1]."""
     results = [
-        CellResult("none", {"head": "none", "head_dim": 0},
-                   {"probe_h": 0.38, "probe_z": 0.38, "cosine_h": 0.44}, "ok"),
-        CellResult("mlp", {"head": "mlp", "head_dim": 128},
-                   {"probe_h": 0.50, "probe_z": 0.45, "cosine_h": 0.67}, "ok"),
-    ]  # fmt: skip
+        CellResult(
+            "none",
+            {"head": "none", "head_dim": 0},
+            {"probe_h": 0.38, "probe_z": 0.38, "cosine_h": 0.44},
+            "ok",
+        ),
+        CellResult(
+            "mlp",
+            {"head": "mlp", "head_dim": 128},
+            {"probe_h": 0.50, "probe_z": 0.45, "cosine_h": 0.67},
+            "ok",
+        ),
+    ]
     run = RunDir(tmp_path / "study")
     run.plots.mkdir(parents=True)
     sections = head.summarise(results, {"probe_h": 0.402}, run)

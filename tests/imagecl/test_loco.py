@@ -22,22 +22,16 @@ from torch.nn.parallel import DistributedDataParallel
 # needs the image extra (kornia): skipped without it, not a collection error
 pytest.importorskip("kornia")
 
-from imagecl import train
+from imagecl import models
 from imagecl.augment import SimCLRViews
 from imagecl.backbones import Backbone, ResNetBackbone, build_backbone
+from imagecl.commands import train
+from imagecl.config import QUICK, Config
 from imagecl.data import load_data
 from imagecl.evaluate import evaluate_encoder
-from imagecl.loco import (
-    LocalUpdater,
-    LoCoModel,
-    LoCoOutput,
-    local_backward_step,
-    loco_loss,
-    loco_train_step,
-    split_stages,
-    unstack_views,
-)
-from imagecl.models import ImageModel, build_head
+from imagecl.loco import LocalUpdater, local_backward_step, loco_loss, loco_train_step
+from imagecl.loco_model import LoCoModel, LoCoOutput, split_stages, unstack_views
+from imagecl.networks import ImageModel, build_head
 from imagecl.report import readout_table
 from shared.config import parse_config
 from shared.losses import nt_xent_loss
@@ -381,8 +375,21 @@ def test_train_step_smoke_with_simclr_views() -> None:
 CPU = torch.device("cpu")
 # the quick preset shrunk for LoCo on digits (1 channel): a width-4 small CNN, whose pooled random
 # features are weak enough for learning to show within 12 epochs of batch 64 (252 steps)
-TINY_LOCO = ["--quick", "--method", "loco", "--data", "digits", "--width", "4", "--batch-size",
-             "64", "--lr", "5e-3", "--device", "cpu"]  # fmt: skip
+TINY_LOCO = [
+    "--quick",
+    "--method",
+    "loco",
+    "--data",
+    "digits",
+    "--width",
+    "4",
+    "--batch-size",
+    "64",
+    "--lr",
+    "5e-3",
+    "--device",
+    "cpu",
+]
 
 
 # --- the per-unit updater of `imagecl train`, DDP, --compile --------------------------------------
@@ -399,14 +406,18 @@ def _updaters(model: LoCoModel, gather: bool) -> dict[str, OptimizerUpdater]:
     local, single = copy.deepcopy(model), copy.deepcopy(model)
     return {
         "local": LocalUpdater(
-            local, torch.optim.SGD(local.parameters(), lr=0.1), views=views, temperature=TAU,
+            local,
+            torch.optim.SGD(local.parameters(), lr=0.1),
+            views=views,
+            temperature=TAU,
             gather=gather,
         ),
         "single": OptimizerUpdater(
-            single, torch.optim.SGD(single.parameters(), lr=0.1),
+            single,
+            torch.optim.SGD(single.parameters(), lr=0.1),
             functools.partial(loco_train_step, views=views, temperature=TAU, gather=gather),
         ),
-    }  # fmt: skip
+    }
 
 
 def fixed_views_of(images: Tensor) -> Tensor:
@@ -568,8 +579,8 @@ def test_compile_units_compiles_what_the_per_unit_path_runs() -> None:
 def test_train_build_compiles_the_loco_units() -> None:
     """`imagecl train --method loco --compile` compiles the modules its step calls."""
     argv = [*TINY_LOCO, "--compile"]
-    cfg = parse_config(train.Config, argv, prog="imagecl train", presets={"quick": train.QUICK})
-    built = train.build(cfg, device=CPU)
+    cfg = parse_config(Config, argv, prog="imagecl train", presets={"quick": QUICK})
+    built = models.build(cfg, device=CPU)
     loco = unwrap(built.model)
     assert isinstance(loco, LoCoModel)
     for module in (*loco.stages, *loco.decoders, *loco.heads):
@@ -615,8 +626,11 @@ def test_readout_table_lists_each_stage_with_its_width() -> None:
     model = make_model("small_cnn")  # width 8: stage dims 8, 16, 32, 32
     table = readout_table(model, [0.1, 0.25, 0.5, 0.755])
     assert table.splitlines()[2:] == [
-        "| 1 | 8 | 10.0 |", "| 2 | 16 | 25.0 |", "| 3 | 32 | 50.0 |", "| 4 | 32 | 75.5 |"
-    ]  # fmt: skip
+        "| 1 | 8 | 10.0 |",
+        "| 2 | 16 | 25.0 |",
+        "| 3 | 32 | 50.0 |",
+        "| 4 | 32 | 75.5 |",
+    ]
 
 
 @pytest.mark.slow
@@ -624,9 +638,9 @@ def test_loco_readout_on_digits_beats_the_random_init_encoder(tmp_path: Path) ->
     """Learning: 252 LoCo steps on digits lift the last stage's readout probe well above the
     same network at its initial weights.
 
-    Measured (seed 0, 1 thread, ~20 s): random init 59 %, LoCo 79 % (stages 1-4: 49, 64, 73,
-    79 %). The width is 4 so that random pooled features are weak: at width 32 a random small
-    CNN already probes 92 % on digits, which leaves no room to show learning in seconds.
+    Measured (seed 0, 1 thread): random init 59 %, LoCo 79 % (stages 1-4: 49, 64, 73, 79 %).
+    The width is 4 so that random pooled features are weak: at width 32 a random small CNN
+    already probes 92 % on digits, which leaves no room to show learning in a short test.
     """
     summary = train.main([*TINY_LOCO, "--epochs", "12", "--out", str(tmp_path / "run")])
     data = load_data("digits", seed=0)
@@ -635,8 +649,9 @@ def test_loco_readout_on_digits_beats_the_random_init_encoder(tmp_path: Path) ->
     baseline = evaluate_encoder(random_init, data, device=CPU, knn_k=())
     learned = summary["stage3_probe_accuracy"]
     assert learned - baseline["linear_probe_accuracy"] > 0.1, (
-        learned, baseline["linear_probe_accuracy"]
-    )  # fmt: skip
+        learned,
+        baseline["linear_probe_accuracy"],
+    )
 
 
 # --- errors ---------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ import torch
 from torch import Tensor
 
 from imagecl import evaluate
+from imagecl.config import Config
 from imagecl.data import ImageData, TensorImageDataset, stratified_subset
-from imagecl.train import Config, build_model
+from imagecl.models import build_model
 from shared.probes import knn_probe
 
 CPU = torch.device("cpu")
@@ -25,9 +26,14 @@ def class_ordered(sizes: list[int]) -> Tensor:
 
 @pytest.mark.parametrize(
     ("sizes", "cap"),
-    [([10, 20, 30, 40, 3], 5), ([10, 20, 30, 40, 3], 50), ([500] * 10, 99),
-     ([1000, 1, 1, 7, 300], 50), ([3, 3, 3], 8)],
-)  # fmt: skip
+    [
+        ([10, 20, 30, 40, 3], 5),
+        ([10, 20, 30, 40, 3], 50),
+        ([500] * 10, 99),
+        ([1000, 1, 1, 7, 300], 50),
+        ([3, 3, 3], 8),
+    ],
+)
 def test_the_subset_covers_every_class_in_proportion(sizes: list[int], cap: int) -> None:
     labels = class_ordered(sizes)
     N, C = labels.numel(), len(sizes)
@@ -79,7 +85,8 @@ def test_the_run_monitor_on_class_ordered_data_sees_every_class(
         return knn_probe(train_h, train_y, test_h, test_y, **kw)
 
     monkeypatch.setattr(evaluate, "knn_probe", recording)
-    monitor = evaluate.make_monitor(cfg, data, CPU, max_images=60)
+    monitor = evaluate.make_monitor(data, CPU, seed=cfg.seed, where="test", max_images=60)
+    assert monitor is not None
     numbers = monitor(build_model(cfg, data))
     assert set(numbers) == {"knn20_acc", "feature_std"}
     for split in ("train", "test"):

@@ -16,10 +16,12 @@ import torch.multiprocessing as mp
 # needs the image extra (kornia): skipped without it, not a collection error
 pytest.importorskip("kornia")
 
-from imagecl import evaluate, finetune, train
+from imagecl import config, evaluate, models, steps
 from imagecl.backbones import build_backbone
+from imagecl.commands import eval as eval_command
+from imagecl.commands import finetune, train
 from imagecl.data import load_data
-from imagecl.models import ImageModel
+from imagecl.networks import ImageModel
 from shared.checkpoint import load_checkpoint
 from shared.config import parse_config
 from shared.runtime import unwrap
@@ -53,9 +55,17 @@ def test_each_method_trains_and_writes_its_run_folder(
     out = tmp_path / "run"
     summary = _train(out, "--method", method, "--max-steps", "3", *extra)
     files = _run_files(out)
-    for name in ("config.json", "metrics.csv", "checkpoints/last.pt", "summary.json",
-                 "report.md", "encoder.safetensors", "plots/training.png", "plots/views.png",
-                 "plots/tsne_h.png"):  # fmt: skip
+    for name in (
+        "config.json",
+        "metrics.csv",
+        "checkpoints/last.pt",
+        "summary.json",
+        "report.md",
+        "encoder.safetensors",
+        "plots/training.png",
+        "plots/views.png",
+        "plots/tsne_h.png",
+    ):
         assert name in files, name
     assert summary["steps"] == 3
     # the probe reads the labels: far above chance (10 classes) even for a barely trained
@@ -70,12 +80,31 @@ def test_eval_and_finetune_read_a_training_run(tmp_path: Path) -> None:
     run = tmp_path / "simclr"
     trained = _train(run, "--data", "digits-m", "--max-steps", "2")
     checkpoint = str(run / "checkpoints" / "last.pt")
-    numbers = evaluate.main(
-        ["--checkpoint", checkpoint, "--device", "cpu", "--severities", "1", "5",
-         "--labels-per-class", "1", "5", "--out", str(tmp_path / "eval")]
-    )  # fmt: skip
-    expected = ("linear_probe_accuracy", "knn20_accuracy", "knn200_accuracy", "alignment",
-                "uniformity", "probe_1_per_class_accuracy", "corruption_mean_accuracy")  # fmt: skip
+    numbers = eval_command.main(
+        [
+            "--checkpoint",
+            checkpoint,
+            "--device",
+            "cpu",
+            "--severities",
+            "1",
+            "5",
+            "--labels-per-class",
+            "1",
+            "5",
+            "--out",
+            str(tmp_path / "eval"),
+        ]
+    )
+    expected = (
+        "linear_probe_accuracy",
+        "knn20_accuracy",
+        "knn200_accuracy",
+        "alignment",
+        "uniformity",
+        "probe_1_per_class_accuracy",
+        "corruption_mean_accuracy",
+    )
     for key in expected:
         assert key in numbers, key
     assert set(numbers["corruption_accuracy"]) == set(evaluate.CORRUPTIONS)
@@ -85,9 +114,19 @@ def test_eval_and_finetune_read_a_training_run(tmp_path: Path) -> None:
     assert numbers["corruption_mean_accuracy"] == pytest.approx(sum(table) / len(table), abs=1e-4)
     assert "plots/corruption_accuracy.png" in _run_files(tmp_path / "eval")
     result = finetune.main(
-        ["--checkpoint", checkpoint, "--device", "cpu", "--label-fraction", "0.1",
-         "--steps", "3", "--out", str(tmp_path / "ft")]
-    )  # fmt: skip
+        [
+            "--checkpoint",
+            checkpoint,
+            "--device",
+            "cpu",
+            "--label-fraction",
+            "0.1",
+            "--steps",
+            "3",
+            "--out",
+            str(tmp_path / "ft"),
+        ]
+    )
     data = load_data("digits-m", seed=0)
     counts = torch.bincount(data.train.labels)
     assert result["labels"] == sum(max(1, round(0.1 * int(n))) for n in counts)
@@ -110,21 +149,34 @@ def test_resume_after_a_crash_reaches_the_uninterrupted_weights(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    common = ["--data", "digits", "--queue-size", "100", "--max-steps", "4",
-              "--checkpoint-every", "2"]  # fmt: skip
+    common = [
+        "--data",
+        "digits",
+        "--queue-size",
+        "100",
+        "--max-steps",
+        "4",
+        "--checkpoint-every",
+        "2",
+    ]
     _train(whole, *common)
     calls = iter(range(1, 100))
-    step = train.train_step
+    make_step = train.make_step
 
-    def crashing_step(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
-        if next(calls) == 3:
-            raise RuntimeError("preempted")
-        return step(*args, **kwargs)
+    def crashing_make_step(*args: Any, **kwargs: Any) -> Any:
+        step = make_step(*args, **kwargs)
 
-    monkeypatch.setattr(train, "train_step", crashing_step)
+        def crashing_step(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+            if next(calls) == 3:
+                raise RuntimeError("preempted")
+            return step(*args, **kwargs)
+
+        return crashing_step
+
+    monkeypatch.setattr(train, "make_step", crashing_make_step)
     with pytest.raises(RuntimeError, match="preempted"):
         _train(parts, *common)
-    monkeypatch.setattr(train, "train_step", step)
+    monkeypatch.setattr(train, "make_step", make_step)
     _train(parts, *common, "--resume")
     a = load_checkpoint(whole / "checkpoints" / "last.pt")["model"]
     b = load_checkpoint(parts / "checkpoints" / "last.pt")["model"]
@@ -141,11 +193,11 @@ def test_every_parameter_gets_a_finite_gradient(method: str) -> None:
     data = load_data("digits-m", seed=0)
     joint = ["--joint-classifier"] if method == "supcon" else []
     cfg = _config(["--method", method, *joint])
-    built = train.build(cfg, device=CPU, data=data)
+    built = models.build(cfg, device=CPU, data=data)
     model = unwrap(built.model)
     assert isinstance(model, ImageModel)
     images, labels = next(iter(built.loader))
-    out = train.train_step(built.model, (images, labels), cfg=cfg, views=built.views, gather=False)
+    out = steps.train_step(built.model, (images, labels), cfg=cfg, views=built.views, gather=False)
     out["loss"].backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, name
@@ -153,16 +205,16 @@ def test_every_parameter_gets_a_finite_gradient(method: str) -> None:
     assert model.probe is not None  # the online probe is on by default
 
 
-def _config(argv: list[str]) -> train.Config:
-    quick = {"quick": train.QUICK}
-    return parse_config(train.Config, ["--quick", "--batch-size", "32", *argv], presets=quick)
+def _config(argv: list[str]) -> config.Config:
+    quick = {"quick": config.QUICK}
+    return parse_config(config.Config, ["--quick", "--batch-size", "32", *argv], presets=quick)
 
 
 def test_the_probe_and_joint_classifier_never_reach_the_backbone() -> None:
     """They read h.detach(): with the contrastive loss switched off, the backbone gets no grad."""
     data = load_data("digits", seed=0)
     cfg = _config(["--method", "supcon", "--joint-classifier"])
-    built = train.build(cfg, device=CPU, data=data)
+    built = models.build(cfg, device=CPU, data=data)
     model = unwrap(built.model)
     assert isinstance(model, ImageModel) and model.classifier is not None
     images, _ = next(iter(built.loader))
@@ -189,10 +241,19 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
     for i in range(4):
         Image.new("RGB", (8, 8), (60 * i, 10, 10)).save(folder / f"{i}.png")
     with pytest.raises(ValueError, match="needs labels"):
-        _train(tmp_path / "x", "--method", "supcon", "--data", "unlabeled",
-               "--data-root", str(folder), "--batch-size", "2")  # fmt: skip
+        _train(
+            tmp_path / "x",
+            "--method",
+            "supcon",
+            "--data",
+            "unlabeled",
+            "--data-root",
+            str(folder),
+            "--batch-size",
+            "2",
+        )
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
-        evaluate.main(["--checkpoint", str(tmp_path / "nowhere" / "last.pt")])
+        eval_command.main(["--checkpoint", str(tmp_path / "nowhere" / "last.pt")])
 
 
 @pytest.mark.slow
@@ -221,9 +282,12 @@ def test_simclr_on_digits_m_beats_the_random_init_encoder(tmp_path: Path) -> Non
 def _ddp_train_worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
-    )  # fmt: skip
+    )
     train.main([*TINY, "--out", out, "--data", "digits", "--batch-size", "32", "--max-steps", "2"])
 
 

@@ -17,9 +17,10 @@ from PIL import Image
 
 pytest.importorskip("kornia")
 
-from contragan import evaluate as gan_evaluate
-from contragan import train as gan_train
-from imagecl import evaluate, finetune, train
+from contragan.commands import evaluate as gan_evaluate
+from contragan.commands import train as gan_train
+from imagecl.commands import eval as eval_command
+from imagecl.commands import finetune, train
 from imagecl.data import load_data, report_skipped_images, skipped_summary
 from shared.runs import report_skipped, skipped_line, write_skipped
 
@@ -91,10 +92,25 @@ def imagecl_run(
     printed = io.StringIO()  # module-scoped fixtures cannot use capsys
     with contextlib.redirect_stdout(printed):
         summary = train.main(
-            ["--quick", *CPU, "--data", "imagefolder", "--data-root", str(root),
-             "--image-size", "16", "--batch-size", "8", "--max-steps", "2", "--width", "8",
-             "--out", str(out)]
-        )  # fmt: skip
+            [
+                "--quick",
+                *CPU,
+                "--data",
+                "imagefolder",
+                "--data-root",
+                str(root),
+                "--image-size",
+                "16",
+                "--batch-size",
+                "8",
+                "--max-steps",
+                "2",
+                "--width",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
     return out, summary, printed.getvalue()
 
 
@@ -113,10 +129,20 @@ def test_imagecl_eval_reports_them(
 ) -> None:
     checkpoint = str(imagecl_run[0] / "checkpoints" / "last.pt")
     out = tmp_path / "eval"
-    summary = evaluate.main(
-        ["--checkpoint", checkpoint, *CPU, "--no-corruptions", "--labels-per-class", "1",
-         "--knn-k", "5", "--out", str(out)]
-    )  # fmt: skip
+    summary = eval_command.main(
+        [
+            "--checkpoint",
+            checkpoint,
+            *CPU,
+            "--no-corruptions",
+            "--labels-per-class",
+            "1",
+            "--knn-k",
+            "5",
+            "--out",
+            str(out),
+        ]
+    )
     _check_reported(out, folder[1], summary, capsys.readouterr().out)
 
 
@@ -129,15 +155,48 @@ def test_imagecl_finetune_reports_them(
     checkpoint = str(imagecl_run[0] / "checkpoints" / "last.pt")
     out = tmp_path / "finetune"
     summary = finetune.main(
-        ["--checkpoint", checkpoint, *CPU, "--label-fraction", "0.5", "--steps", "2",
-         "--batch-size", "4", "--no-compare-scratch", "--out", str(out)]
-    )  # fmt: skip
+        [
+            "--checkpoint",
+            checkpoint,
+            *CPU,
+            "--label-fraction",
+            "0.5",
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--no-compare-scratch",
+            "--out",
+            str(out),
+        ]
+    )
     _check_reported(out, folder[1], summary, capsys.readouterr().out)
 
 
-GAN = ["--data", "imagefolder", "--image-size", "16", "--arch", "digits", "--width", "8",
-       "--batch-size", "4", "--n-dis", "1", "--max-steps", "2", "--log-every", "1",
-       "--eval-every", "2", "--amp", "off", "--no-progress", *CPU]  # fmt: skip
+GAN = [
+    "--data",
+    "imagefolder",
+    "--image-size",
+    "16",
+    "--arch",
+    "digits",
+    "--width",
+    "8",
+    "--batch-size",
+    "4",
+    "--n-dis",
+    "1",
+    "--max-steps",
+    "2",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "2",
+    "--amp",
+    "off",
+    "--no-progress",
+    *CPU,
+]
 
 
 def test_contragan_train_and_evaluate_report_them(
@@ -148,10 +207,22 @@ def test_contragan_train_and_evaluate_report_them(
     summary = gan_train.main([*GAN, "--data-root", str(root), "--out", str(run)])
     _check_reported(run, bad, summary, capsys.readouterr().out)
     numbers = gan_evaluate.main(
-        ["--checkpoint", str(run / "checkpoints" / "last.pt"), *CPU, "--seeds", "1",
-         "--cache-dir", str(tmp_path / "cache"), "--extractor-epochs", "1", "--cas-epochs", "1",
-         "--min-extractor-accuracy", "0"]
-    )  # fmt: skip
+        [
+            "--checkpoint",
+            str(run / "checkpoints" / "last.pt"),
+            *CPU,
+            "--seeds",
+            "1",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--extractor-epochs",
+            "1",
+            "--cas-epochs",
+            "1",
+            "--min-extractor-accuracy",
+            "0",
+        ]
+    )
     _check_reported(run / "evaluation", bad, numbers, capsys.readouterr().out)
 
 
@@ -168,8 +239,11 @@ def test_nothing_unreadable_writes_an_empty_list_and_no_line(
 def test_skipped_line_counts_the_reasons(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rows = [("a.png", "OSError: truncated"), ("b.png", "UnidentifiedImageError: x"),
-            ("c.png", "UnidentifiedImageError: y")]  # fmt: skip
+    rows = [
+        ("a.png", "OSError: truncated"),
+        ("b.png", "UnidentifiedImageError: x"),
+        ("c.png", "UnidentifiedImageError: y"),
+    ]
     line = report_skipped(tmp_path, rows, total=10, noun="image files")
     assert line == (
         "skipped 3 of 10 image files (UnidentifiedImageError: 2, OSError: 1); the list is in "

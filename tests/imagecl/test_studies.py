@@ -20,10 +20,10 @@ from torch import Tensor
 # needs the image extra (kornia): skipped without it, not a collection error
 pytest.importorskip("kornia")
 
-from imagecl import cli, train
+from imagecl import cli, config, models, steps
 from imagecl.augment import to_float
 from imagecl.data import load_data
-from imagecl.losses import margin_triplet_loss, nt_xent, simclr_loss
+from imagecl.losses import margin_triplet_loss, nt_xent
 from imagecl.studies import STUDIES, runner
 from imagecl.studies.augmentations import OPS, BranchViews
 from shared.losses import nt_xent_loss, triplet_loss
@@ -79,8 +79,13 @@ def test_margin_triplet_is_the_shared_triplet_over_every_triple(normalize: bool)
             anchors.append(rows[i])
             positives.append(rows[i ^ 1])
             negatives.append(rows[j])
-    expected = triplet_loss(torch.stack(anchors), torch.stack(positives), torch.stack(negatives),
-                            margin=0.5, normalize=normalize)  # fmt: skip
+    expected = triplet_loss(
+        torch.stack(anchors),
+        torch.stack(positives),
+        torch.stack(negatives),
+        margin=0.5,
+        normalize=normalize,
+    )
     got = margin_triplet_loss(z1, z2, margin=0.5, normalize=normalize)
     torch.testing.assert_close(got, expected)
     z1.requires_grad_(True)
@@ -89,9 +94,17 @@ def test_margin_triplet_is_the_shared_triplet_over_every_triple(normalize: bool)
     )
 
 
-def _config(**overrides: Any) -> train.Config:
-    return train.Config(**{**train.QUICK, "device": "cpu", "width": 8, "batch_size": 16,
-                           "online_probe": False, **overrides})  # fmt: skip
+def _config(**overrides: Any) -> config.Config:
+    return config.Config(
+        **{
+            **config.QUICK,
+            "device": "cpu",
+            "width": 8,
+            "batch_size": 16,
+            "online_probe": False,
+            **overrides,
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -100,18 +113,20 @@ def _config(**overrides: Any) -> train.Config:
         {"loss": "nt_xent", "normalize": False},
         {"loss": "nt_logistic"},
         {"loss": "triplet", "head": "none"},
-        *({"loss": "generalized", "prior": prior, "lam": 0.5} for prior in
-          ("uniform_hypersphere", "normal", "uniform_hypercube", "decoupled_nt_xent")),
+        *(
+            {"loss": "generalized", "prior": prior, "lam": 0.5}
+            for prior in ("uniform_hypersphere", "normal", "uniform_hypercube", "decoupled_nt_xent")
+        ),
     ],
     ids=lambda o: "-".join(str(v) for v in o.values()),
-)  # fmt: skip
+)
 def test_each_loss_trains_the_simclr_pipeline(overrides: dict[str, Any]) -> None:
     """One step of every loss: finite, and every trained parameter gets a finite gradient."""
     cfg = _config(**overrides)
     data = load_data("digits-m", seed=0)
-    built = train.build(cfg, device=torch.device("cpu"), data=data)
+    built = models.build(cfg, device=torch.device("cpu"), data=data)
     batch = next(iter(built.loader))
-    out = train.train_step(built.model, batch, cfg=cfg, views=built.views, gather=False)
+    out = steps.train_step(built.model, batch, cfg=cfg, views=built.views, gather=False)
     assert torch.isfinite(out["loss"])
     out["loss"].backward()
     for name, param in built.model.named_parameters():
@@ -124,10 +139,10 @@ def test_simclr_loss_dispatches_on_the_config() -> None:
         ({}, nt_xent_loss(z[:, 0], z[:, 1], temperature=0.2)),
         ({"loss": "triplet", "margin": 0.3}, margin_triplet_loss(z[:, 0], z[:, 1], margin=0.3)),
     ]:
-        got = simclr_loss(torch.nn.Module(), z, _config(**overrides), gather=False)
+        got = steps.simclr_loss_of(_config(**overrides))(z, gather=False)
         torch.testing.assert_close(got, expected)
     with pytest.raises(ValueError, match="contrasts the local batch only"):
-        simclr_loss(torch.nn.Module(), z, _config(loss="nt_logistic"), gather=True)
+        steps.simclr_loss_of(_config(loss="nt_logistic"))(z, gather=True)
 
 
 @pytest.mark.parametrize(
@@ -267,8 +282,10 @@ def test_an_interrupted_study_trains_only_its_missing_cells(
 
 
 def test_the_report_warns_when_no_cell_beats_the_random_init_encoder() -> None:
-    cells = [runner.CellResult("a", {}, {"probe_acc": 0.3, "other": 0.9}, "ok"),
-             runner.CellResult("b", {}, {"probe_acc": 0.35}, "ok")]  # fmt: skip
+    cells = [
+        runner.CellResult("a", {}, {"probe_acc": 0.3, "other": 0.9}, "ok"),
+        runner.CellResult("b", {}, {"probe_acc": 0.35}, "ok"),
+    ]
     note = runner._baseline_note(cells, {"probe_acc": 0.4, "other": 0.5})
     assert "probe_acc 40.0 %" in note and "No trained cell beats it on probe_acc:" in note
     assert "other" not in note.split("beats it on")[1]
@@ -286,10 +303,15 @@ def _tau_lambda_finding(best_lam: dict[float, float], tmp_path: Path) -> str:
     from imagecl.studies import tau_lambda
 
     cells = [
-        runner.CellResult(f"{tau}-{lam}", {"tau": tau, "lam": lam},
-                          {"probe_acc": 0.6 if lam == best else 0.4}, "ok")
-        for tau, best in best_lam.items() for lam in (0.5, 2.0)
-    ]  # fmt: skip
+        runner.CellResult(
+            f"{tau}-{lam}",
+            {"tau": tau, "lam": lam},
+            {"probe_acc": 0.6 if lam == best else 0.4},
+            "ok",
+        )
+        for tau, best in best_lam.items()
+        for lam in (0.5, 2.0)
+    ]
     return tau_lambda.summarise(cells, {"probe_acc": 0.3}, RunDir(tmp_path))["Finding"]
 
 

@@ -40,8 +40,9 @@ def test_randbits_appends_constant_seeded_bit_channels_and_keeps_the_image() -> 
 
 
 def test_randbits_repeats_grayscale_to_rgb_and_zero_bits_adds_nothing_else() -> None:
-    gray = TensorImageDataset(torch.arange(2 * 16, dtype=torch.uint8).view(2, 1, 4, 4),
-                              torch.tensor([0, 1]))  # fmt: skip
+    gray = TensorImageDataset(
+        torch.arange(2 * 16, dtype=torch.uint8).view(2, 1, 4, 4), torch.tensor([0, 1])
+    )
     image, _ = RandBits(gray, n_bits=0)[1]
     assert image.shape == (3, 4, 4)
     assert all(torch.equal(image[c], gray[1][0][0]) for c in range(3))
@@ -65,8 +66,9 @@ def test_bits_are_identical_in_both_views_and_untouched_by_augmentation(preset: 
     expected = (bits - torch.tensor(mean[3:])) / torch.tensor(std[3:])  # (8, 4)
     for v in range(2):
         got = x[:, v, 3:]  # (8, 4, 16, 16)
-        torch.testing.assert_close(got, expected[:, :, None, None].expand_as(got), atol=1e-5,
-                                   rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            got, expected[:, :, None, None].expand_as(got), atol=1e-5, rtol=0
+        )
     torch.testing.assert_close(x[:, 0, 3:], x[:, 1, 3:], atol=1e-5, rtol=0)
     assert not torch.allclose(x[:, 0, :3], x[:, 1, :3])  # the image channels were augmented
 
@@ -75,8 +77,14 @@ def test_bits_survive_the_colour_ops_alone() -> None:
     """Jitter, grayscale and blur at probability 1 with no crop: bits exactly unchanged."""
     wrapped = RandBits(_rgb_dataset(n=4, size=16), n_bits=3, seed=2)
     images = torch.stack([wrapped[i][0] for i in range(4)])  # (4, 6, 16, 16)
-    config = ViewConfig(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0,
-                        jitter_p=1.0, gray_p=1.0, blur_p=1.0)  # fmt: skip
+    config = ViewConfig(
+        crop_scale=(1.0, 1.0),
+        crop_ratio=(1.0, 1.0),
+        flip_p=0.0,
+        jitter_p=1.0,
+        gray_p=1.0,
+        blur_p=1.0,
+    )
     views = SimCLRViews(16, (0.0,) * 6, (1.0,) * 6, config, views=2)
     x = views(images, generator=torch.Generator().manual_seed(1))  # (4, 2, 6, 16, 16)
     target = images[:, None, 3:].float().div(255).expand(-1, 2, -1, -1, -1)
@@ -92,8 +100,9 @@ def test_digit_overlay_pastes_the_drawn_digit_into_the_drawn_cell() -> None:
     chosen cell and their value names the digit, whose label is the second target."""
     base = TensorImageDataset(torch.zeros(60, 3, 9, 9, dtype=torch.uint8), torch.arange(60) % 5)
     values = (40, 80, 120, 160)
-    digits = TensorImageDataset(torch.stack([_digit(v, 6) for v in values]),
-                                torch.tensor([7, 1, 4, 2]))  # fmt: skip
+    digits = TensorImageDataset(
+        torch.stack([_digit(v, 6) for v in values]), torch.tensor([7, 1, 4, 2])
+    )
     overlay = DigitOverlay(base, digits, grid=3, seed=5)
     assert overlay.side == 3 and overlay.offset == 0
     seen_cells = set()
@@ -153,5 +162,9 @@ def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError, match="grid must be an int >= 1"):
         DigitOverlay(base, base, grid=0)
     with pytest.raises(ValueError, match="cannot wrap an empty data set"):
-        RandBits(TensorImageDataset(torch.zeros(0, 3, 4, 4, dtype=torch.uint8),
-                                    torch.zeros(0, dtype=torch.long)), 2)  # fmt: skip
+        RandBits(
+            TensorImageDataset(
+                torch.zeros(0, 3, 4, 4, dtype=torch.uint8), torch.zeros(0, dtype=torch.long)
+            ),
+            2,
+        )

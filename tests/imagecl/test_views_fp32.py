@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from contragan.diffaug import diff_augment
-from imagecl import evaluate
+from imagecl import colour, evaluate
 from imagecl.augment import PRESETS, SimCLRViews
 from imagecl.backbones import build_backbone
 from imagecl.colour import ColorJitterParams, color_jitter
@@ -201,7 +201,7 @@ def test_on_a_fake_cuda_device_nothing_crosses_from_the_host(
     tensor has no value: reading one raises). The jitter order is the one deliberate host-side
     draw (a CPU permutation that decides which kernels run, never a tensor on the device); a
     fake tensor cannot be read, so the order is fixed here."""
-    monkeypatch.setattr(SimCLRViews, "_jitter_order", staticmethod(lambda: [0, 1, 2, 3]))
+    monkeypatch.setattr(colour, "jitter_order", lambda: [0, 1, 2, 3])
     cuda = torch.device("cuda", 0)
     place = ENTRIES[name]()
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -252,8 +252,11 @@ def test_evaluate_encoder_never_augments_the_whole_test_split_at_once(
     views = _RecordingViews()
     torch.manual_seed(0)
     out = evaluate.evaluate_encoder(
-        build_backbone("small_cnn", in_channels=1, width=4), data, device=torch.device("cpu"),
-        knn_k=(), views=views,
-    )  # fmt: skip
+        build_backbone("small_cnn", in_channels=1, width=4),
+        data,
+        device=torch.device("cpu"),
+        knn_k=(),
+        views=views,
+    )
     assert views.sizes == [100, 100, 100, 100, 50]
     assert {"alignment", "uniformity"} <= set(out)

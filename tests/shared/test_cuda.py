@@ -142,9 +142,13 @@ def _supcon(variant: str, mode: str, labelled: bool) -> Case:
     def loss(z: Tensor, labels: Tensor, block_size: int | None) -> Tensor:
         features = z[:, : 2 * D].reshape(N, 2, D)  # (N, 2, D)
         return supcon_loss(
-            features, labels if labelled else None, temperature=0.1,
-            variant=variant, contrast_mode=mode, block_size=block_size,  # type: ignore[arg-type]
-        )  # fmt: skip
+            features,
+            labels if labelled else None,
+            temperature=0.1,
+            variant=variant,
+            contrast_mode=mode,
+            block_size=block_size,  # type: ignore[arg-type]
+        )
 
     return Case(loss)
 
@@ -154,9 +158,14 @@ def _lse_loss(z: Tensor, labels: Tensor, block_size: int | None, temperature: fl
     v1, v2, _ = _views(z)
     own = torch.arange(N, device=z.device)
     lse = masked_logsumexp(
-        v1, v2, temperature=temperature, self_index=own, anchor_labels=labels,
-        contrast_labels=labels, block_size=block_size,
-    )  # fmt: skip
+        v1,
+        v2,
+        temperature=temperature,
+        self_index=own,
+        anchor_labels=labels,
+        contrast_labels=labels,
+        block_size=block_size,
+    )
     assert lse.positive is not None
     positive = torch.where(torch.isfinite(lse.positive), lse.positive, 0.0)  # (N,)
     return lse.all.mean() - positive.mean()
@@ -335,10 +344,14 @@ def test_swd_priors_on_device_are_seeded_and_match_float64_with_the_same_draws(
         generator = torch.Generator(device=device).manual_seed(seed)
         return Case(
             lambda z, y, b: generalized_contrastive_loss(
-                z[:, :D], z[:, D : 2 * D], prior=prior, lam=0.7, generator=generator,  # type: ignore[arg-type]
+                z[:, :D],
+                z[:, D : 2 * D],
+                prior=prior,
+                lam=0.7,
+                generator=generator,  # type: ignore[arg-type]
             ),
             blockwise=False,
-        )  # fmt: skip
+        )
 
     got = _run(swd_case(3), None, device, precision)
     again = _run(swd_case(3), None, device, precision)
@@ -505,8 +518,16 @@ def _fit(
         amp="auto" if device.type == "cuda" else "bf16",
         progress=False,
     )
-    fit(model, optimizer, loader, train_step, loop_cfg=cfg, run_dir=run_dir, device=device,
-        resume=resume)  # fmt: skip
+    fit(
+        model,
+        optimizer,
+        loader,
+        train_step,
+        loop_cfg=cfg,
+        run_dir=run_dir,
+        device=device,
+        resume=resume,
+    )
     return model
 
 

@@ -159,16 +159,28 @@ def test_loss_matches_notebook_oracle(seed: int, N: int, D: int, prior: str) -> 
     h1, h2 = _views(seed, N, D)
     lam, tau, scale = HYPER[seed]
     got = generalized_contrastive_loss(
-        h1, h2, prior=prior, lam=lam, temperature=tau, scale=scale,  # type: ignore[arg-type]
+        h1,
+        h2,
+        prior=prior,
+        lam=lam,
+        temperature=tau,
+        scale=scale,  # type: ignore[arg-type]
         generator=_gen(seed),
-    )  # fmt: skip
+    )
     assert got.dtype == F64 and got.shape == ()
     dist, hidden_norm = NOTEBOOK_CONFIG[prior]
     draw, w = _redraw(prior, 2 * N, D, seed) if prior in SWD_PRIORS else (None, None)
     want = notebook_loss(
-        h1, h2, dist=dist, hidden_norm=hidden_norm, lambda_weight=lam, temperature=tau,
-        loss_scaling=scale, prior_draw=draw, rand_w=w,
-    )  # fmt: skip
+        h1,
+        h2,
+        dist=dist,
+        hidden_norm=hidden_norm,
+        lambda_weight=lam,
+        temperature=tau,
+        loss_scaling=scale,
+        prior_draw=draw,
+        rand_w=w,
+    )
     assert got.item() == pytest.approx(want, abs=1e-10, rel=0)
 
 
@@ -305,8 +317,13 @@ def test_scale_lambda_and_alignment_only(prior: str) -> None:
 
     def loss(**kw: float) -> float:
         return generalized_contrastive_loss(
-            h1, h2, prior=prior, temperature=0.4, generator=_gen(11), **kw  # type: ignore[arg-type]
-        ).item()  # fmt: skip
+            h1,
+            h2,
+            prior=prior,
+            temperature=0.4,
+            generator=_gen(11),
+            **kw,  # type: ignore[arg-type]
+        ).item()
 
     assert loss(scale=3.5) == pytest.approx(3.5 * loss(scale=1.0), abs=1e-12, rel=0)
     # lam = 0 leaves the notebook's alignment term only (normalised iff the variant normalises)
@@ -434,8 +451,14 @@ def test_gradcheck_generalized_loss(prior: str) -> None:
 
     def loss(a: Tensor, b: Tensor) -> Tensor:
         return generalized_contrastive_loss(
-            a, b, prior=prior, lam=0.7, temperature=0.5, scale=1.5, generator=_gen(2),  # type: ignore[arg-type]
-        )  # fmt: skip
+            a,
+            b,
+            prior=prior,
+            lam=0.7,
+            temperature=0.5,
+            scale=1.5,
+            generator=_gen(2),  # type: ignore[arg-type]
+        )
 
     assert torch.autograd.gradcheck(loss, (h1, h2), eps=1e-6, atol=1e-8)
 

@@ -107,7 +107,7 @@ def test_projection_head_rejects_wrong_input_shape() -> None:
 
 
 def test_size_check_is_named_for_what_it_checks() -> None:
-    # heads check sizes >= 1; shared.losses._checks.check_positive means > 0: distinct names
+    # heads check sizes >= 1; shared.losses.common.check_positive means > 0: distinct names
     assert not hasattr(heads, "_check_positive")
     heads._check_at_least_one(in_dim=1, num_layers=3)
     with pytest.raises(ValueError, match="hidden_dim must be >= 1, got 0"):

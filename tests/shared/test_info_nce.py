@@ -384,9 +384,14 @@ def test_moco_order_loss_then_enqueue_then_backward() -> None:
 
 
 @pytest.mark.parametrize(
-    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs CUDA"))],
-)  # fmt: skip
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+        ),
+    ],
+)
 def test_queue_dtype_and_device_follow_the_module(device: str) -> None:
     queue = MemoryQueue(3, 2, normalize=False).double().to(device)
     assert queue.keys.dtype == torch.float64 and queue.ptr.dtype == torch.long
@@ -497,9 +502,15 @@ def _moco_fit(
     loader = make_loader(torch.utils.data.TensorDataset(x), 4, shuffle=True, seed=0)
     cfg = LoopConfig(epochs=3, log_every=1, checkpoint_every=4, progress=False)
     result = fit(
-        model, optimizer, loader, step, loop_cfg=cfg, run_dir=run_dir,  # type: ignore[arg-type]
-        device=torch.device("cpu"), resume=resume,
-    )  # fmt: skip
+        model,
+        optimizer,
+        loader,
+        step,
+        loop_cfg=cfg,
+        run_dir=run_dir,  # type: ignore[arg-type]
+        device=torch.device("cpu"),
+        resume=resume,
+    )
     return model, result
 
 

@@ -57,9 +57,14 @@ def make_inputs(dtype: torch.dtype = torch.float64, seed: int = 0) -> Inputs:
 
     labels = torch.tensor([0, 1, 0, 2, 1, 0])
     return Inputs(
-        leaf(N, D), leaf(N, D), leaf(N, D), leaf(K, D), leaf(N, K, D), labels,
+        leaf(N, D),
+        leaf(N, D),
+        leaf(N, D),
+        leaf(K, D),
+        leaf(N, K, D),
+        labels,
         torch.Generator().manual_seed(seed + 1),
-    )  # fmt: skip
+    )
 
 
 LossCall = Callable[[Inputs, int | None], Tensor]  # (inputs, block_size) -> scalar loss

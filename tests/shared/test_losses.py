@@ -125,9 +125,13 @@ def test_supcon_matches_loop_oracle(
     features = _features(seed, N, V)
     for labels in (None, _labels(seed, N, 3)):
         got = supcon_loss(
-            features, labels, temperature=0.3, variant=variant,  # type: ignore[arg-type]
-            contrast_mode=mode, block_size=block_size,  # type: ignore[arg-type]
-        )  # fmt: skip
+            features,
+            labels,
+            temperature=0.3,
+            variant=variant,  # type: ignore[arg-type]
+            contrast_mode=mode,
+            block_size=block_size,  # type: ignore[arg-type]
+        )
         assert got.dtype == torch.float64
         assert got.item() == pytest.approx(
             supcon_oracle(features, labels, 0.3, variant, mode), abs=1e-10
@@ -369,9 +373,14 @@ def test_gradcheck_masked_logsumexp(shifted: bool, labelled: bool, block_size: i
 
     def fn(a: Tensor, c: Tensor) -> tuple[Tensor, ...]:
         out = masked_logsumexp(
-            a, c, temperature=tau, self_index=self_index, block_size=block_size,
-            anchor_labels=ya if labelled else None, contrast_labels=yc if labelled else None,
-        )  # fmt: skip
+            a,
+            c,
+            temperature=tau,
+            self_index=self_index,
+            block_size=block_size,
+            anchor_labels=ya if labelled else None,
+            contrast_labels=yc if labelled else None,
+        )
         if out.positive is None:
             return (out.all,)
         # a row without positives has lse = -inf: gradcheck only the finite entries
@@ -684,18 +693,26 @@ def test_masked_logsumexp_with_no_anchors_or_no_contrasts(
 
     # M = 0 anchors: empty results, and a backward that gives zero gradients
     out = masked_logsumexp(
-        empty, rows, temperature=0.5, anchor_labels=labels(0), contrast_labels=labels(3),
+        empty,
+        rows,
+        temperature=0.5,
+        anchor_labels=labels(0),
+        contrast_labels=labels(3),
         block_size=block_size,
-    )  # fmt: skip
+    )
     assert out.all.shape == (0,)
     assert (out.positive is not None and out.positive.shape == (0,)) == labelled
     grads = torch.autograd.grad(out.all.sum(), (empty, rows))
     assert grads[0].shape == (0, 4) and torch.equal(grads[1], torch.zeros_like(rows))
     # K = 0 contrasts: every sum is over nothing, log 0 = -inf, and no gradient
     out = masked_logsumexp(
-        rows, empty, temperature=0.5, anchor_labels=labels(3), contrast_labels=labels(0),
+        rows,
+        empty,
+        temperature=0.5,
+        anchor_labels=labels(3),
+        contrast_labels=labels(0),
         block_size=block_size,
-    )  # fmt: skip
+    )
     minus_inf = torch.full((3,), -math.inf, dtype=torch.float64)
     assert torch.equal(out.all, minus_inf)
     assert out.positive is None or torch.equal(out.positive, minus_inf)

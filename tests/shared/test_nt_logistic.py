@@ -44,8 +44,12 @@ def _oracle(
         for v in range(2):
             anchor = vector(n, v)
             loss = -_log_sigmoid(sim(anchor, vector(n, 1 - v)))
-            negatives = [-_log_sigmoid(-sim(anchor, vector(m, u)))
-                         for m in range(N) if m != n for u in range(2)]  # fmt: skip
+            negatives = [
+                -_log_sigmoid(-sim(anchor, vector(m, u)))
+                for m in range(N)
+                if m != n
+                for u in range(2)
+            ]
             weight = 1.0 / len(negatives) if negative_weight == "mean" and negatives else 1.0
             losses[n][v] = loss + weight * sum(negatives)
     return losses
@@ -168,8 +172,9 @@ def test_low_precision_inputs_compute_in_float32(dtype: torch.dtype) -> None:
 
 def test_module_delegates_to_the_function() -> None:
     z1, z2 = _pair(5, 3, 11)
-    module = NTLogisticLoss(temperature=0.3, normalize=False, negative_weight="sum",
-                            reduction="none")  # fmt: skip
+    module = NTLogisticLoss(
+        temperature=0.3, normalize=False, negative_weight="sum", reduction="none"
+    )
     expected = nt_logistic_loss(
         z1, z2, temperature=0.3, normalize=False, negative_weight="sum", reduction="none"
     )

@@ -75,9 +75,12 @@ def test_every_rank_gets_its_own_streams() -> None:
 def _seeded_rank_worker(rank: int, port: int, folder: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
-    )  # fmt: skip
+    )
     env = init_distributed(torch.device("cpu"))
     try:
         runs = [_all_draws(seed_everything(11, rank=env.rank)) for _ in range(2)]

@@ -486,8 +486,7 @@ def _ddp_nan_worker(rank: int, port: int, folder: str) -> None:
         cfg = LoopConfig(max_steps=4, log_every=3, progress=False)
         run = RunDir(Path(folder) / "nan")
         try:
-            fit(model, optimizer, loader, step, loop_cfg=cfg, run_dir=run, device=CPU,
-                dist_env=env)  # fmt: skip
+            fit(model, optimizer, loader, step, loop_cfg=cfg, run_dir=run, device=CPU, dist_env=env)
         except FloatingPointError as error:
             (Path(folder) / f"error{rank}.txt").write_text(str(error))
     finally:
@@ -678,9 +677,17 @@ def test_resume_refuses_a_changed_config_and_names_the_keys(tmp_path: Path) -> N
     def run_fit(loop_cfg: LoopConfig, config: dict[str, Any], resume: bool) -> FitResult:
         model, optimizer, scheduler, loader = _setup()
         return fit(
-            model, optimizer, loader, _mse_step, loop_cfg=loop_cfg, run_dir=run, device=CPU,
-            scheduler=scheduler, resume=resume, config=config,
-        )  # fmt: skip
+            model,
+            optimizer,
+            loader,
+            _mse_step,
+            loop_cfg=loop_cfg,
+            run_dir=run,
+            device=CPU,
+            scheduler=scheduler,
+            resume=resume,
+            config=config,
+        )
 
     run_fit(cfg, base, resume=False)
     assert load_checkpoint(run.last_checkpoint)["config"]["pipeline"]["data"] == {"root": "x"}

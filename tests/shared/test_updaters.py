@@ -156,6 +156,7 @@ def _gan_fit(
         run_dir=run_dir,
         device=CPU,
         evaluate=evaluate,
+        evaluate_on_all_ranks=False,
         resume=resume,
         dist_env=dist_env,
         config={"n_dis": 2},
@@ -277,9 +278,12 @@ def test_fit_updater_refuses_the_loops_own_accumulation_and_clashing_keys(
 
     with pytest.raises(ValueError, match=r"checkpoint keys \['step'\]"):
         fit_updater(
-            Clashing(g, d), loader, loop_cfg=LoopConfig(max_steps=1, progress=False),
-            run_dir=run, device=CPU,
-        )  # fmt: skip
+            Clashing(g, d),
+            loader,
+            loop_cfg=LoopConfig(max_steps=1, progress=False),
+            run_dir=run,
+            device=CPU,
+        )
     with pytest.raises(ValueError, match="fewer than the 20 one step consumes"):
         big = ToyGanUpdater(g, d, n_dis=20)
         fit_updater(big, loader, loop_cfg=LoopConfig(max_steps=1), run_dir=run, device=CPU)
@@ -352,10 +356,13 @@ def _ddp_gan_worker(rank: int, port: int, folder: str) -> None:
             _gan_fit(RunDir(root / "parts"), dist_env=env, crash_at=6, batch_size=2)
         resumed, _ = _gan_fit(RunDir(root / "parts"), dist_env=env, resume=True, batch_size=2)
         torch.save(
-            {"whole": copy.deepcopy(whole.state_dict()), "resumed": resumed.state_dict(),
-             "eval_calls": len(calls)},
+            {
+                "whole": copy.deepcopy(whole.state_dict()),
+                "resumed": resumed.state_dict(),
+                "eval_calls": len(calls),
+            },
             root / f"rank{rank}.pt",
-        )  # fmt: skip
+        )
     finally:
         cleanup_distributed()
 

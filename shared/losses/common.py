@@ -1,21 +1,66 @@
-"""Input checks shared by the losses: a ``ValueError`` that names the problem, never a traceback
-from deep inside torch.
+"""What every loss shares: input checks, the reduction, fp32 maths and the type aliases.
 
-The checks read shapes, dtypes and Python settings only, never a tensor's values: reading a value
+Checks raise a ``ValueError`` that names the problem, never a traceback from deep inside torch.
+They read shapes, dtypes and Python settings only, never a tensor's values: reading a value
 makes the host wait for the device, and a loss runs at every training step. NaN or infinite
 inputs are therefore not caught here; they make the loss non-finite, which the training loops
 detect (one device-side flag, read on logging steps).
+
+The loss maths runs in fp32 whatever the loop's autocast dtype (fp64 stays fp64):
+:func:`autocast_off` around it, :func:`upcast` or :func:`l2_normalize` on its inputs.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Literal, TypeAlias
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+__all__ = [
+    "REDUCTIONS",
+    "Gather",
+    "Reduction",
+    "autocast_off",
+    "check_block_size",
+    "check_choice",
+    "check_features",
+    "check_gather",
+    "check_generator",
+    "check_labels",
+    "check_positive",
+    "check_reduction",
+    "check_same_shape",
+    "l2_normalize",
+    "reduce",
+    "upcast",
+]
+
 REDUCTIONS = ("mean", "sum", "none")
+Reduction = Literal["mean", "sum", "none"]
+# False, True (every rank's rows; the row counts are exchanged, which reads them on the host) or
+# "equal" (every rank holds as many rows as this one: nothing is exchanged or read back)
+Gather: TypeAlias = bool | Literal["equal"]
+
+
+def autocast_off(x: Tensor) -> AbstractContextManager[Any]:
+    """Disable autocast for the loss maths: logits are fp32 whatever the loop's precision."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.autocast(device_type=x.device.type, enabled=False)
+    return nullcontext()
+
+
+def upcast(x: Tensor) -> Tensor:
+    """fp32 for the loss maths whatever the autocast dtype (fp64 stays fp64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def l2_normalize(x: Tensor) -> Tensor:
+    """L2-normalise in fp32 (fp64 stays fp64): logits are never computed in half precision."""
+    return F.normalize(upcast(x), dim=-1)
 
 
 def check_features(x: object, name: str, ndim: int) -> Tensor:

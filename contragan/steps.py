@@ -9,29 +9,114 @@ and G takes one step. The EMA generator copies G until ``ema_start`` and average
 (decay ``ema_decay``, StudioGAN's 0.9999 from step 1000); G's buffers (batch-norm statistics,
 spectral-norm vectors) are copied, not averaged. DiffAugment, when on, is applied to real and
 fake alike before D. Real images arrive as uint8 and become [-1, 1] on the device.
+
+The step is the same for every method; what differs is D's and G's loss, one row per method in
+:data:`GAN_LOSSES` (adding a method: its two functions in :mod:`contragan.losses`, a row here,
+its name in :data:`contragan.arch.LOSSES`, and its head in :mod:`contragan.networks`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from contragan.arch import GanLoss
+from contragan.data import to_signed_unit
 from contragan.diffaug import diff_augment
-from contragan.losses import AdvLoss, discriminator_loss, generator_loss
-from contragan.models import DiscOutput, GanLoss
+from contragan.losses import (
+    AdvLoss,
+    LossSettings,
+    ac_d_loss,
+    ac_g_loss,
+    contra_d_loss,
+    contra_g_loss,
+    proj_d_loss,
+    proj_g_loss,
+)
+from contragan.networks import DiscOutput
 from shared.runtime import unwrap
 from shared.updaters import StepContext, Updater
 
-__all__ = ["GanUpdater", "to_signed"]
+__all__ = ["GAN_LOSSES", "GanLossFns", "GanUpdater", "discriminator_loss", "generator_loss"]
+
+DLoss = Callable[[DiscOutput, DiscOutput, Tensor, Tensor, LossSettings], dict[str, Tensor]]
+GLoss = Callable[[DiscOutput, Tensor, LossSettings], dict[str, Tensor]]
 
 
-def to_signed(images: Tensor) -> Tensor:
-    """uint8 images in 0..255 -> float in [-1, 1] (the generator's tanh range)."""
-    return images.float().div(127.5).sub(1.0)
+class GanLossFns(NamedTuple):
+    """A method's D loss ``(real, fake, y_real, y_fake, settings)`` and G loss ``(fake, y_fake,
+    settings)``, each returning ``{"loss": total, ...its logged parts}``."""
+
+    discriminator: DLoss
+    generator: GLoss
+
+
+# method name (--loss) -> its D and G losses
+GAN_LOSSES: dict[str, GanLossFns] = {
+    "contra": GanLossFns(contra_d_loss, contra_g_loss),
+    "proj": GanLossFns(proj_d_loss, proj_g_loss),
+    "ac": GanLossFns(ac_d_loss, ac_g_loss),
+}
+
+
+def gan_losses(loss: str) -> GanLossFns:
+    """The D and G losses of method ``loss``, or a ValueError naming the methods."""
+    if loss not in GAN_LOSSES:
+        raise ValueError(f"loss must be one of {tuple(GAN_LOSSES)}, got {loss!r}")
+    return GAN_LOSSES[loss]
+
+
+def discriminator_loss(
+    real: DiscOutput,
+    fake: DiscOutput,
+    y_real: Tensor,
+    y_fake: Tensor,
+    *,
+    loss: GanLoss,
+    adv: AdvLoss = "hinge",
+    lambda_2c: float = 1.0,
+    tau: float = 1.0,
+    ac_weight: float = 1.0,
+    gather: bool = False,
+) -> dict[str, Tensor]:
+    """D's loss of method ``loss``: adversarial on real and fake, plus the method's class term.
+
+    Returns ``{"loss": total, "d_adv": ..., and "d_2c" or "d_ac"}`` (see
+    :func:`contragan.losses.contra_d_loss` and its siblings).
+
+    Shape:
+        real: DiscOutput of N real images; fake: DiscOutput of M fakes; y_real: ``(N,)``;
+        y_fake: ``(M,)``
+    """
+    fns = gan_losses(loss)
+    settings = LossSettings(adv, lambda_2c, tau, ac_weight, gather)
+    return fns.discriminator(real, fake, y_real, y_fake, settings)
+
+
+def generator_loss(
+    fake: DiscOutput,
+    y_fake: Tensor,
+    *,
+    loss: GanLoss,
+    adv: AdvLoss = "hinge",
+    lambda_2c: float = 1.0,
+    tau: float = 1.0,
+    ac_weight: float = 1.0,
+    gather: bool = False,
+) -> dict[str, Tensor]:
+    """G's loss of method ``loss`` on D's output for its fakes: adversarial plus the class term.
+
+    Returns ``{"loss": total, "g_adv": ..., and "g_2c" or "g_ac"}``.
+
+    Shape:
+        fake: DiscOutput of M fakes; y_fake: ``(M,)`` their conditioning labels
+    """
+    fns = gan_losses(loss)
+    return fns.generator(fake, y_fake, LossSettings(adv, lambda_2c, tau, ac_weight, gather))
 
 
 def _split(out: DiscOutput, n: int) -> tuple[DiscOutput, DiscOutput]:
@@ -50,9 +135,11 @@ def _float(out: DiscOutput) -> DiscOutput:
     """Losses run in float32 outside autocast."""
     logits = out.class_logits
     return DiscOutput(
-        out.adv.float(), out.embedding.float(), out.proxy.float(),
+        out.adv.float(),
+        out.embedding.float(),
+        out.proxy.float(),
         None if logits is None else logits.float(),
-    )  # fmt: skip
+    )
 
 
 class GanUpdater(Updater):
@@ -92,10 +179,8 @@ class GanUpdater(Updater):
             )
         self.g, self.d = generator, discriminator
         self.num_classes, self.z_dim = num_classes, z_dim
-        self.loss_kwargs: dict[str, Any] = {
-            "loss": loss, "adv": adv_loss, "lambda_2c": lambda_2c, "tau": tau,
-            "ac_weight": ac_weight, "gather": gather,
-        }  # fmt: skip
+        self.losses = gan_losses(loss)
+        self.loss_settings = LossSettings(adv_loss, lambda_2c, tau, ac_weight, gather)
         self.batches_per_step = n_dis
         self.g_batch_size = g_batch_size
         self.g_opt = torch.optim.Adam(generator.parameters(), lr=g_lr, betas=betas)
@@ -119,7 +204,9 @@ class GanUpdater(Updater):
     def step(self, batches: Iterator[Any], ctx: StepContext) -> dict[str, Tensor | float]:
         sums: dict[str, Tensor] = {}
         for images, labels in batches:
-            real = to_signed(ctx.to_device(images)).contiguous(memory_format=torch.channels_last)
+            real = to_signed_unit(ctx.to_device(images)).contiguous(
+                memory_format=torch.channels_last
+            )
             y_real = ctx.to_device(labels)
             z, y_fake = self._fakes(real.shape[0], ctx.device)
             with ctx.autocast():
@@ -128,7 +215,9 @@ class GanUpdater(Updater):
                 both = self._augment(torch.cat([real, fake.to(real.dtype)]))
                 out = self.d(both, torch.cat([y_real, y_fake]))
             out_real, out_fake = _split(_float(out), real.shape[0])
-            parts = discriminator_loss(out_real, out_fake, y_real, y_fake, **self.loss_kwargs)
+            parts = self.losses.discriminator(
+                out_real, out_fake, y_real, y_fake, self.loss_settings
+            )
             self.d_opt.zero_grad(set_to_none=True)  # also what the last G step left on D
             ctx.backward(parts["loss"], "d_loss")
             self.d_opt.step()
@@ -141,7 +230,7 @@ class GanUpdater(Updater):
         with ctx.autocast():
             fake = self._augment(self.g(z, y_fake))
             out = unwrap(self.d)(fake, y_fake)
-        g_parts = generator_loss(_float(out), y_fake, **self.loss_kwargs)
+        g_parts = self.losses.generator(_float(out), y_fake, self.loss_settings)
         self.g_opt.zero_grad(set_to_none=True)
         ctx.backward(g_parts["loss"], "g_loss")
         self.g_opt.step()

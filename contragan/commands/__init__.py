@@ -1,0 +1,1 @@
+"""The ``contragan`` commands, one module each: ``train``, ``sample``, ``evaluate``."""

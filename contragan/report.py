@@ -1,0 +1,191 @@
+"""contragan's plots and report.md: sample grids, loss curves, the metrics table.
+
+``contragan train`` writes a sample grid of the EMA generator (one row per class,
+:func:`save_class_grid`), the loss curves (:func:`plot_losses`) and report.md
+(:func:`write_train_report`); ``contragan evaluate`` the per-class FD bars
+(:func:`plot_intra_fd`), a grid and report.md with every figure next to its real-vs-real value
+(:func:`results_table`, :func:`write_evaluation_report`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from contragan.arch import GanArch
+from contragan.config import Config
+from contragan.data import ImageData, skipped_summary
+from contragan.evaluate import Evaluation
+from shared.plots import plot_loss_curves, save_image_grid
+from shared.runs import RunDir, write_report
+from shared.runtime import eval_mode
+
+__all__ = [
+    "FIGURES",
+    "class_grid",
+    "curve_keys",
+    "plot_intra_fd",
+    "plot_losses",
+    "results_table",
+    "save_class_grid",
+    "write_evaluation_report",
+    "write_train_report",
+]
+
+# the figures of the table, in order, with their direction
+FIGURES = {
+    "fd": "lower",
+    "kid_mean": "lower",
+    "precision": "higher",
+    "recall": "higher",
+    "density": "higher",
+    "coverage": "higher",
+    "gan_test_acc": "higher",
+    "cas_acc": "higher",
+    "intra_fd_mean": "lower",
+}
+# the logged class term of each method, plotted beside the adversarial losses
+_CLASS_TERMS = {"contra": ["d_2c", "g_2c"], "ac": ["d_ac", "g_ac"], "proj": []}
+
+
+@torch.no_grad()
+def class_grid(
+    generator: nn.Module,
+    classes: list[int],
+    per_class: int,
+    *,
+    z_dim: int,
+    device: torch.device,
+    seed: int,
+) -> Tensor:
+    """``per_class`` samples of every class in ``classes``, one row per class, in [0, 1].
+
+    ``z`` comes from its own seeded generator (the global RNG is untouched), so grids of the
+    same seed are comparable across training steps. Shape: ``(len(classes)·per_class, C, H, W)``.
+    """
+    rng = torch.Generator().manual_seed(seed)
+    z = torch.randn(len(classes) * per_class, z_dim, generator=rng).to(device)
+    y = torch.tensor(classes, device=device).repeat_interleave(per_class)
+    with eval_mode(generator):
+        images: Tensor = generator(z, y).float()
+    return images.add(1).div(2).clamp(0, 1).cpu()
+
+
+def save_class_grid(
+    generator: nn.Module,
+    arch: GanArch,
+    path: Path,
+    *,
+    device: torch.device,
+    seed: int,
+    classes: list[int] | None = None,
+    per_class: int = 8,
+) -> Tensor:
+    """:func:`class_grid` of ``classes`` (default all) saved as a PNG; returns the images."""
+    classes = list(range(arch.num_classes)) if classes is None else classes
+    images = class_grid(generator, classes, per_class, z_dim=arch.z_dim, device=device, seed=seed)
+    save_image_grid(images, path, nrow=per_class)
+    return images
+
+
+def curve_keys(loss: str) -> list[str]:
+    """The metrics.csv columns of a ``loss`` run that :func:`plot_losses` draws."""
+    return ["d_loss", "g_loss", "d_real", "d_fake", *_CLASS_TERMS[loss]]
+
+
+def plot_losses(run: RunDir, loss: str) -> Path:
+    """The run's loss curves (:func:`curve_keys`) as ``plots/losses.png``."""
+    path = run.plots / "losses.png"
+    plot_loss_curves(run.metrics_path, path, keys=curve_keys(loss))
+    return path
+
+
+def write_train_report(
+    run: RunDir,
+    cfg: Config,
+    arch: GanArch,
+    data: ImageData,
+    steps: int,
+    summary: dict[str, Any],
+) -> None:
+    """``contragan train``'s report.md: the summary, the plots, what ran, the skipped files."""
+    sections = {
+        "Run": (
+            f"{cfg.loss} GAN ({arch.name} networks, {arch.image_size}×{arch.image_size}×"
+            f"{arch.channels}, {arch.num_classes} classes) on {cfg.data}: {steps} G steps "
+            f"of batch {cfg.batch_size}, {cfg.n_dis} D steps each; samples from the "
+            f"{'EMA ' if cfg.ema else ''}generator, one row per class (`plots/samples.png`). "
+            "`contragan evaluate --checkpoint checkpoints/last.pt` measures it."
+        )
+    }
+    skipped = skipped_summary(data, run.skipped_path.name)
+    if skipped is not None:
+        sections["Skipped files"] = skipped
+    write_report(run, f"contragan train: {cfg.loss} on {cfg.data}", sections, summary=summary)
+
+
+def results_table(
+    generated: dict[str, tuple[float, float]], real: dict[str, tuple[float, float]]
+) -> str:
+    """Markdown: every figure, generated (mean ± std) next to real-vs-real."""
+    lines = ["| figure | better | generated | real vs real |", "|---|---|---|---|"]
+    for key, better in FIGURES.items():
+        g, r = generated[key], real[key]
+        lines.append(f"| {key} | {better} | {g[0]:.4g} ± {g[1]:.2g} | {r[0]:.4g} ± {r[1]:.2g} |")
+    return "\n".join(lines)
+
+
+def plot_intra_fd(
+    generated: dict[str, tuple[float, float]], real: dict[str, tuple[float, float]], path: Path
+) -> Path:
+    """Bars of the Fréchet distance within each class, generated next to real-vs-real."""
+    from matplotlib.figure import Figure
+
+    classes = sorted(int(k.split("/")[1]) for k in generated if k.startswith("intra_fd/"))
+    fig = Figure(figsize=(max(4.0, 0.5 * len(classes) + 2), 3.2))
+    ax = fig.subplots()
+    width = 0.4
+    bars = ((-width / 2, "generated", generated), (width / 2, "real vs real", real))
+    for shift, label, source in bars:
+        values = [source[f"intra_fd/{c}"][0] for c in classes]
+        ax.bar([c + shift for c in classes], values, width, label=label)
+    ax.set_xlabel("class")
+    ax.set_ylabel("Fréchet distance within the class")
+    ax.set_xticks(classes)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def write_evaluation_report(
+    out: RunDir,
+    evaluation: Evaluation,
+    summary: dict[str, Any],
+    *,
+    data: ImageData,
+    data_name: str,
+    loss: str,
+    extractor_accuracy: float,
+) -> None:
+    """``contragan evaluate``'s report.md: the protocol, the table, the skipped files."""
+    n, seeds = evaluation.num_images, evaluation.num_seeds
+    sections = {
+        "Protocol": (
+            f"{n} generated images per seed (the test split's classes) against "
+            f"the {n} test images of {data_name}, in the feature space of a "
+            f"classifier trained on its train split (test accuracy "
+            f"{100 * extractor_accuracy:.1f} %); {seeds} seed(s), mean ± std. Real vs "
+            "real: train images in place of the samples."
+        ),
+        "Figures": results_table(evaluation.generated, evaluation.real),
+    }
+    skipped = skipped_summary(data, out.skipped_path.name)
+    if skipped is not None:
+        sections["Skipped files"] = skipped
+    title = f"contragan evaluate: {loss} on {data_name}"
+    write_report(out, title, sections, summary=summary)

@@ -1,0 +1,1 @@
+"""The ``graphcl`` commands, one module each: ``pretrain``, ``finetune``, ``probe``, ``augment``."""

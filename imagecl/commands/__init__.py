@@ -1,0 +1,1 @@
+"""The ``imagecl`` commands, one module each: train, eval, finetune, study."""
