@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from shared.losses.metrics import alignment, uniformity
 from shared.runtime import eval_mode, move_to_device
 
 __all__ = [
@@ -339,8 +340,6 @@ def alignment_uniformity(
     Shape:
         - z1, z2: (N, D), row i of z1 and row i of z2 are a positive pair
     """
-    from shared.losses import alignment, uniformity  # lazy: losses may import heavier modules
-
     if z1.ndim != 2 or z1.shape != z2.shape:
         raise ValueError(f"expected z1, z2 of the same shape (N, D), got {z1.shape}, {z2.shape}")
     align = float(alignment(z1, z2, alpha=alpha))

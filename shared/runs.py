@@ -24,6 +24,7 @@ from typing import Any
 from torch import Tensor
 
 from shared.checkpoint import atomic_write
+from shared.distributed import all_gather_object
 
 __all__ = [
     "MetricsLogger",
@@ -145,8 +146,6 @@ def open_run(
     Under DDP every rank must call it (all ranks get rank 0's path, time stamp included); only
     rank 0 creates the folder (:meth:`RunDir.create`). ``resume`` needs ``out``.
     """
-    from shared.distributed import all_gather_object  # runs is imported by the loss-free core
-
     if resume and out is None:
         raise ValueError("--resume needs --out, the folder of the run to continue")
     if out is None:

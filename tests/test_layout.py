@@ -221,3 +221,21 @@ def test_pyg_internals_are_written_in_one_module() -> None:
         if any(attr in path.read_text(encoding="utf-8") for attr in PYG_PRIVATE)
     )
     assert len(users) <= 1, users
+
+
+def test_project_imports_inside_functions_are_only_the_lazy_commands_of_cli() -> None:
+    """Each ``cli.py`` imports its commands on use, so ``--help`` stays fast; nothing else imports
+    project code inside a function."""
+    found = []
+    for name, path in MODULES.items():
+        if path.name == "cli.py":
+            continue
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                found += [
+                    f"{path.relative_to(ROOT)}:{sub.lineno}"
+                    for sub in ast.walk(node)
+                    if isinstance(sub, ast.Import | ast.ImportFrom)
+                    and any(target for target, _, _ in _imports(name, ast.Module([sub], [])))
+                ]
+    assert not found, found
