@@ -52,12 +52,26 @@ def main(argv: list[str] | None = None) -> None:
         for loss in LOSSES:
             out = args.root / f"{args.data}-{loss}-s{seed}"
             if not (out / "summary.json").is_file():
-                train_main([
-                    "--quick", "--data", args.data, "--loss", loss, "--seed", str(seed),
-                    "--max-steps", str(args.steps), "--n-dis", str(args.n_dis),
-                    "--eval-every", str(max(1, args.steps // 4)), "--out", str(out),
-                    "--no-progress",
-                ])  # fmt: skip
+                train_main(
+                    [
+                        "--quick",
+                        "--data",
+                        args.data,
+                        "--loss",
+                        loss,
+                        "--seed",
+                        str(seed),
+                        "--max-steps",
+                        str(args.steps),
+                        "--n-dis",
+                        str(args.n_dis),
+                        "--eval-every",
+                        str(max(1, args.steps // 4)),
+                        "--out",
+                        str(out),
+                        "--no-progress",
+                    ]
+                )
             results[loss].append(
                 evaluate_main(
                     [
@@ -76,9 +90,11 @@ def main(argv: list[str] | None = None) -> None:
             )
     first = results[LOSSES[0]]
     header = "| figure | better | " + " | ".join(LOSSES) + " | real vs real |"
-    print(f"\n{args.data}: {args.steps} G steps × {args.n_dis} D steps, batch 64, "
-          f"{args.seeds} seeds (mean ± std over training seeds); extractor test accuracy "
-          f"{100 * first[0]['extractor_test_accuracy']:.1f} %\n")  # fmt: skip
+    print(
+        f"\n{args.data}: {args.steps} G steps × {args.n_dis} D steps, batch 64, "
+        f"{args.seeds} seeds (mean ± std over training seeds); extractor test accuracy "
+        f"{100 * first[0]['extractor_test_accuracy']:.1f} %\n"
+    )
     print(header)
     print("|---|---|" + "---|" * (len(LOSSES) + 1))
     for key, better in FIGURES.items():

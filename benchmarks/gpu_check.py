@@ -76,9 +76,14 @@ D = 128  # feature width of the loss part
 CLASSES = 10  # supcon / 2C labels in the loss part
 # seconds per part, in the order they run (importance): about 8 minutes in all on one H200
 CAPS = {
-    "simclr": 45.0, "losses": 110.0, "graphcl": 35.0, "syncs": 60.0, "contragan": 35.0,
-    "pytest": 90.0, "simclr_compile": 120.0,
-}  # fmt: skip
+    "simclr": 45.0,
+    "losses": 110.0,
+    "graphcl": 35.0,
+    "syncs": 60.0,
+    "contragan": 35.0,
+    "pytest": 90.0,
+    "simclr_compile": 120.0,
+}
 TARGETS = {
     "simclr_images_per_s": 30_000,
     "graphcl_augmentation_share": 0.05,
@@ -117,16 +122,32 @@ class Sizes:
 
 FULL = Sizes()
 DRY_RUN = Sizes(
-    backbone="small_cnn", width=8, image_batch=16, sync_image_batch=16, warmup=1, steps=2,
-    measure_s=5.0, loss_sizes=(64, 128), floor_block=64, loss_reps=2, gin_layers=2,
-    gin_hidden=16, graph_batch=16, gan_width=8, gan_batch=8, n_dis=2, sync_warmup=1, sync_steps=1,
+    backbone="small_cnn",
+    width=8,
+    image_batch=16,
+    sync_image_batch=16,
+    warmup=1,
+    steps=2,
+    measure_s=5.0,
+    loss_sizes=(64, 128),
+    floor_block=64,
+    loss_reps=2,
+    gin_layers=2,
+    gin_hidden=16,
+    graph_batch=16,
+    gan_width=8,
+    gan_batch=8,
+    n_dis=2,
+    sync_warmup=1,
+    sync_steps=1,
     compile=False,
     pytest_targets=(
         "tests/shared/test_cuda.py::test_fp32_loss_and_input_gradients_match_float64_cpu[nt_xent-dense]",
     ),
-    pytest_env=(("CONTRASTKIT_TEST_DEVICE", "cpu"),), total_s=240.0,
+    pytest_env=(("CONTRASTKIT_TEST_DEVICE", "cpu"),),
+    total_s=240.0,
     caps=dict.fromkeys(CAPS, 90.0),
-)  # fmt: skip
+)
 
 
 class Skipped(Exception):
@@ -223,9 +244,11 @@ def environment(device: torch.device, dry_run: bool) -> dict[str, Any]:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(
-            gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
-            cuda=torch.version.cuda, capability=f"{props.major}.{props.minor}",
-        )  # fmt: skip
+            gpu=props.name,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+            capability=f"{props.major}.{props.minor}",
+        )
     return env
 
 
@@ -245,13 +268,16 @@ def prepare(path: Path = INPUTS) -> str:
     if max(int(x.max()), int(edge_attr.max())) > 255 or int(edge_index.max()) > 32767:
         raise ValueError("a feature above 255 or a graph above 32767 nodes: cannot store compactly")
     state = {
-        "format": INPUTS_FORMAT, "source": data.name, "layout": data.layout,
+        "format": INPUTS_FORMAT,
+        "source": data.name,
+        "layout": data.layout,
         "layout_version": LAYOUTS[data.layout].version,
         "num_nodes": torch.tensor([g.num_nodes for g in graphs]),  # (G,)
         "num_edges": torch.tensor([g.edge_index.shape[1] for g in graphs]),  # (G,)
-        "x": x.to(torch.uint8), "edge_index": edge_index.to(torch.int16),
+        "x": x.to(torch.uint8),
+        "edge_index": edge_index.to(torch.int16),
         "edge_attr": edge_attr.to(torch.uint8),
-    }  # fmt: skip
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     torch.save(state, partial)
@@ -284,9 +310,15 @@ def load_inputs(path: Path = INPUTS) -> Any:
         for x, e, a, n in zip(xs, indices, attrs, nodes, strict=True)
     ]
     return MoleculeData(
-        name=f"{state['source']} (prepared)", graphs=graphs, smiles=[""] * len(graphs),
-        targets=None, target_names=(), task=None, skipped=(), layout=state["layout"],
-    )  # fmt: skip
+        name=f"{state['source']} (prepared)",
+        graphs=graphs,
+        smiles=[""] * len(graphs),
+        targets=None,
+        target_names=(),
+        task=None,
+        skipped=(),
+        layout=state["layout"],
+    )
 
 
 # ----------------------------------------------------------------------------- pipelines
@@ -343,16 +375,25 @@ def imagecl_stepper(
     from shared.updaters import OptimizerUpdater
 
     cfg = Config(
-        method=method, data="digits-m", backbone=sizes.backbone, width=sizes.width,  # type: ignore[arg-type]
-        batch_size=batch, compile=compile, device=device.type,  # type: ignore[arg-type]
-    )  # fmt: skip
+        method=method,
+        data="digits-m",
+        backbone=sizes.backbone,
+        width=sizes.width,  # type: ignore[arg-type]
+        batch_size=batch,
+        compile=compile,
+        device=device.type,  # type: ignore[arg-type]
+    )
     built = build(cfg, device=device, data=data)
     updater: Any
     if method == "loco":  # as imagecl.commands.train.main: the per-unit backward
         updater = LocalUpdater(
-            built.model, built.optimizer, views=built.views, temperature=cfg.tau, gather=False,
+            built.model,
+            built.optimizer,
+            views=built.views,
+            temperature=cfg.tau,
+            gather=False,
             scheduler=built.scheduler,
-        )  # fmt: skip
+        )
     else:
         step = make_step(cfg, views=built.views, gather=False)
         updater = OptimizerUpdater(built.model, built.optimizer, step, scheduler=built.scheduler)
@@ -367,9 +408,11 @@ def graphcl_stepper(sizes: Sizes, device: torch.device, molecules: Any) -> Stepp
     from shared.updaters import OptimizerUpdater
 
     cfg = pretrain.Config(
-        num_layers=sizes.gin_layers, hidden=sizes.gin_hidden, batch_size=sizes.graph_batch,
+        num_layers=sizes.gin_layers,
+        hidden=sizes.gin_hidden,
+        batch_size=sizes.graph_batch,
         device=device.type,  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     built = pretrain.build(cfg, device=device, data=molecules)
     step = functools.partial(pretrain_step, cfg=cfg, views=built.views, gather=False)
     updater = OptimizerUpdater(built.model, built.optimizer, step)
@@ -384,9 +427,14 @@ def contragan_stepper(sizes: Sizes, device: torch.device, data: Any) -> Stepper:
     from shared.runtime import autocast_dtype
 
     cfg = Config(
-        data="digits-m", arch="resnet32", width=sizes.gan_width, batch_size=sizes.gan_batch,
-        n_dis=sizes.n_dis, ema_start=1, device=device.type,  # type: ignore[arg-type]
-    )  # fmt: skip
+        data="digits-m",
+        arch="resnet32",
+        width=sizes.gan_width,
+        batch_size=sizes.gan_batch,
+        n_dis=sizes.n_dis,
+        ema_start=1,
+        device=device.type,  # type: ignore[arg-type]
+    )
     built = build(cfg, device=device, data=data)
     return Stepper(built.updater, built.loader, device, autocast_dtype(cfg.amp, device), 1)
 
@@ -693,20 +741,23 @@ def check_syncs(stepper: Stepper, steps: int) -> dict[str, Any]:
         syncs = [w for w in seen if "synchroniz" in str(w.message)]
         places = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
         return {
-            "passed": False, "first_error": first, "syncs_per_step": len(syncs) / steps,
+            "passed": False,
+            "first_error": first,
+            "syncs_per_step": len(syncs) / steps,
             "where": dict(places.most_common(5)),
-        }  # fmt: skip
+        }
     from tests.sync_counts import count_syncs
 
     with count_syncs() as counts:
         for _ in range(steps):
             stepper.step()
     return {
-        "passed": not counts, "syncs_per_step": sum(counts.values()) / steps,
+        "passed": not counts,
+        "syncs_per_step": sum(counts.values()) / steps,
         "where": dict(counts),
         "proxy": "CPU: tests/sync_counts.count_syncs (device→host copies, such as graphcl's "
         "graph-size reads, are invisible on the CPU)",
-    }  # fmt: skip
+    }
 
 
 def part_syncs(check: Check, result: dict[str, Any], cap_s: float) -> None:
@@ -744,15 +795,30 @@ def pytest_counts(output: str) -> dict[str, int]:
 def part_pytest(check: Check, result: dict[str, Any], cap_s: float) -> None:
     sizes = check.sizes
     command = [
-        sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:xdist", "-p", "no:cacheprovider",
-        "-q", "-rfEs", "--continue-on-collection-errors", *sizes.pytest_targets,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "cuda",
+        "-p",
+        "no:xdist",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rfEs",
+        "--continue-on-collection-errors",
+        *sizes.pytest_targets,
+    ]
     result["command"] = " ".join(["pytest", *command[3:]])
     try:
         done = subprocess.run(
-            command, cwd=ROOT, env={**os.environ, **dict(sizes.pytest_env)}, capture_output=True,
-            text=True, timeout=max(cap_s - 5, 1),
-        )  # fmt: skip
+            command,
+            cwd=ROOT,
+            env={**os.environ, **dict(sizes.pytest_env)},
+            capture_output=True,
+            text=True,
+            timeout=max(cap_s - 5, 1),
+        )
         output, result["returncode"] = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as expired:
         raw = (expired.stdout or b"") + (expired.stderr or b"")
@@ -796,19 +862,32 @@ def _throughput_section(result: Results) -> list[str]:
     rows = []
     for name, label in (("simclr", "SimCLR"), ("simclr_compile", "SimCLR --compile")):
         r = result(name)
-        rows.append([
-            label, r.get("setting"), r.get("step_ms"), r.get("per_s"), "images/s",
-            f">= {TARGETS['simclr_images_per_s']:,}",
-            _verdict(r.get("per_s"), TARGETS["simclr_images_per_s"], above=True),
-        ])  # fmt: skip
+        rows.append(
+            [
+                label,
+                r.get("setting"),
+                r.get("step_ms"),
+                r.get("per_s"),
+                "images/s",
+                f">= {TARGETS['simclr_images_per_s']:,}",
+                _verdict(r.get("per_s"), TARGETS["simclr_images_per_s"], above=True),
+            ]
+        )
     r = result("graphcl")
     share = r.get("augment_share")
     measured = "" if share is None else f"{100 * share:.1f} % ({r.get('augment_ms')} ms): "
     measured += _verdict(share, TARGETS["graphcl_augmentation_share"], above=False)
-    rows.append([
-        "GraphCL", r.get("setting"), r.get("step_ms"), r.get("per_s"), "molecules/s",
-        "augmentation < 5 % of the step", measured,
-    ])  # fmt: skip
+    rows.append(
+        [
+            "GraphCL",
+            r.get("setting"),
+            r.get("step_ms"),
+            r.get("per_s"),
+            "molecules/s",
+            "augmentation < 5 % of the step",
+            measured,
+        ]
+    )
     r = result("contragan")
     rows.append(
         ["ContraGAN", r.get("setting"), r.get("step_ms"), r.get("per_s"), "G steps/s", "", ""]
@@ -833,10 +912,17 @@ def _loss_section(result: Results) -> list[str]:
         ratio, verdict = row.get("ratio"), ""
         if ratio is not None and row["N"] == largest:
             verdict = _verdict(ratio, TARGETS["loss_floor_ratio"], above=False) + " (<= 3×)"
-        rows.append([
-            row["loss"], row["N"], row.get("ms"), row.get("floor_ms"), ratio,
-            row.get("peak_mib"), row.get("error", verdict),
-        ])  # fmt: skip
+        rows.append(
+            [
+                row["loss"],
+                row["N"],
+                row.get("ms"),
+                row.get("floor_ms"),
+                ratio,
+                row.get("peak_mib"),
+                row.get("error", verdict),
+            ]
+        )
     header = ["loss", "N", "ms", "floor ms", "ratio", "peak MiB", "note"]
     return [result("losses").get("note", ""), "", *_table(header, rows)]
 
@@ -844,10 +930,15 @@ def _loss_section(result: Results) -> list[str]:
 def _sync_section(result: Results) -> list[str]:
     syncs = result("syncs")
     rows = [
-        [name, r.get("passed"), r.get("syncs_per_step"), r.get("first_error") or r.get("error"),
-         r.get("where")]
+        [
+            name,
+            r.get("passed"),
+            r.get("syncs_per_step"),
+            r.get("first_error") or r.get("error"),
+            r.get("where"),
+        ]
         for name, r in syncs.items()
-    ]  # fmt: skip
+    ]
     proxies = {r["proxy"] for r in syncs.values() if r.get("proxy")}
     return [
         *_table(["pipeline", "passed", "syncs/step", "first error", "where"], rows),
@@ -866,23 +957,46 @@ def render(report: dict[str, Any]) -> str:
 
     tests = result("pytest")
     lines = [
-        f"# GPU check: {report['environment']['mode']}", "",
-        *(["A dry run: tiny models on the CPU, so no number here says anything about a target.", ""]
-          if report["environment"]["mode"].startswith("dry run") else []),
-        "## Environment", "",
+        f"# GPU check: {report['environment']['mode']}",
+        "",
+        *(
+            [
+                "A dry run: tiny models on the CPU, so no number here says anything about a "
+                "target.",
+                "",
+            ]
+            if report["environment"]["mode"].startswith("dry run")
+            else []
+        ),
+        "## Environment",
+        "",
         *(f"- {key}: {value}" for key, value in report["environment"].items()),
-        "", "## Throughput", "", *_throughput_section(result),
-        "", "## Losses", "", *_loss_section(result),
-        "", "## Host syncs", "", *_sync_section(result),
-        "", "## Tests (pytest -m cuda)", "",
-        f"`{tests.get('command')}`: {tests.get('counts')} (exit {tests.get('returncode')})", "",
+        "",
+        "## Throughput",
+        "",
+        *_throughput_section(result),
+        "",
+        "## Losses",
+        "",
+        *_loss_section(result),
+        "",
+        "## Host syncs",
+        "",
+        *_sync_section(result),
+        "",
+        "## Tests (pytest -m cuda)",
+        "",
+        f"`{tests.get('command')}`: {tests.get('counts')} (exit {tests.get('returncode')})",
+        "",
         *(f"- {line}" for line in tests.get("failures", [])),
-        "", "## Parts", "",
+        "",
+        "## Parts",
+        "",
         *_table(
             ["part", "status", "seconds", "error"],
             [[n, p["status"], p.get("seconds"), p.get("error")] for n, p in parts.items()],
         ),
-    ]  # fmt: skip
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -42,10 +42,22 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         print(f"\n### {task} (scaffold split, seeds {args.seeds}, mean ± std)\n")
         finetune.main(
-            ["--encoder", str(pre / "encoder.safetensors"), "--data", task, "--compare-scratch",
-             "--epochs", str(args.finetune_epochs), "--seeds", *map(str, args.seeds),
-             "--device", "cpu", "--out", str(args.out / f"{task}-{time.time_ns()}")]
-        )  # fmt: skip
+            [
+                "--encoder",
+                str(pre / "encoder.safetensors"),
+                "--data",
+                task,
+                "--compare-scratch",
+                "--epochs",
+                str(args.finetune_epochs),
+                "--seeds",
+                *map(str, args.seeds),
+                "--device",
+                "cpu",
+                "--out",
+                str(args.out / f"{task}-{time.time_ns()}"),
+            ]
+        )
         print(f"({time.perf_counter() - start:.0f} s)")
 
 

@@ -44,9 +44,14 @@ class _Identity(torch.nn.Module):
 
 def _evaluate(encoder: torch.nn.Module, data: Any, seed: int) -> dict[str, Any]:
     numbers = evaluate_encoder(
-        encoder, data, device=CPU, seed=seed, knn_k=(20,), labels_per_class=PER_CLASS,
+        encoder,
+        data,
+        device=CPU,
+        seed=seed,
+        knn_k=(20,),
+        labels_per_class=PER_CLASS,
         corruptions=CORRUPTIONS,
-    )  # fmt: skip
+    )
     numbers.pop("corruptions")
     return numbers
 
@@ -56,9 +61,19 @@ def finetune_rows(name: str, seed: int, out: Path, rows: dict[str, dict[str, Any
     checkpoint = str(out / f"{name}-simclr-s{seed}" / "checkpoints" / "last.pt")
     for fraction in (0.01, 0.1):
         result = finetune.main(
-            ["--checkpoint", checkpoint, "--label-fraction", str(fraction), "--seed", str(seed),
-             "--device", "cpu", "--out", str(out / f"{name}-ft{fraction}-s{seed}-{time.time_ns()}")]
-        )  # fmt: skip
+            [
+                "--checkpoint",
+                checkpoint,
+                "--label-fraction",
+                str(fraction),
+                "--seed",
+                str(seed),
+                "--device",
+                "cpu",
+                "--out",
+                str(out / f"{name}-ft{fraction}-s{seed}-{time.time_ns()}"),
+            ]
+        )
         rows["simclr"][f"finetune_{fraction:g}_accuracy"] = result["finetuned_accuracy"]
         rows["simclr"][f"scratch_{fraction:g}_accuracy"] = result["scratch_accuracy"]
 
@@ -73,8 +88,19 @@ def one_seed(name: str, seed: int, out: Path) -> dict[str, dict[str, Any]]:
     for method in METHODS:
         run = out / f"{name}-{method}-s{seed}"
         start = time.perf_counter()
-        argv = ["--quick", "--method", method, "--data", name, "--seed", str(seed),
-                "--device", "cpu", "--out", str(run)]  # fmt: skip
+        argv = [
+            "--quick",
+            "--method",
+            method,
+            "--data",
+            name,
+            "--seed",
+            str(seed),
+            "--device",
+            "cpu",
+            "--out",
+            str(run),
+        ]
         if run.exists():
             argv += ["--resume"]  # a finished run only re-evaluates
         train.main(argv)
@@ -122,9 +148,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", nargs="+", default=["digits-m", "digits"])
     parser.add_argument("--out", type=Path, default=Path("runs/imagecl-results"))
     parser.add_argument(
-        "--finetune-only", action="store_true",
+        "--finetune-only",
+        action="store_true",
         help="keep results.json's other numbers and redo the finetune columns",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     results: dict[str, list[dict[str, dict[str, Any]]]] = {}

@@ -48,16 +48,32 @@ def one(
 ) -> dict[str, Any]:
     folder = name.replace(" ", "").replace("+", "-").replace(",ε=", "-eps")
     run = out / f"{folder}-e{epochs}-s{seed}"
-    flags = ["--quick", "--epochs", str(epochs), "--seed", str(seed), "--device", "cpu",
-             "--out", str(run), *argv]  # fmt: skip
+    flags = [
+        "--quick",
+        "--epochs",
+        str(epochs),
+        "--seed",
+        str(seed),
+        "--device",
+        "cpu",
+        "--out",
+        str(run),
+        *argv,
+    ]
     if (run / "checkpoints" / "last.pt").is_file():
         flags.append("--resume")  # finished: only re-evaluated
     train.main(flags)
     _, data, model = load_trained(run / "checkpoints" / "last.pt", device=CPU)
     numbers = evaluate_encoder(
-        model.backbone, data, device=CPU, seed=seed, knn_k=(), attack="pgd", eps=eps,
+        model.backbone,
+        data,
+        device=CPU,
+        seed=seed,
+        knn_k=(),
+        attack="pgd",
+        eps=eps,
         attack_steps=steps,
-    )  # fmt: skip
+    )
     return {"probe": numbers["linear_probe_accuracy"], "robust": numbers["pgd_robust_accuracy"]}
 
 

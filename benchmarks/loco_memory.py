@@ -132,17 +132,25 @@ def bench_backbone(name: str, batch_size: int, device: torch.device) -> list[dic
             secs = timer(run, device)()
             model.zero_grad(set_to_none=True)
             rows.append(
-                {"backbone": name, "method": method, "path": path, "peak_mib": peak / 2**20,
-                 "params_mib": params / 2**20, "seconds": secs}
-            )  # fmt: skip
+                {
+                    "backbone": name,
+                    "method": method,
+                    "path": path,
+                    "peak_mib": peak / 2**20,
+                    "params_mib": params / 2**20,
+                    "seconds": secs,
+                }
+            )
             print(f"  {name:9} {method:17} {path:22} {peak / 2**20:9.1f} MiB", flush=True)
         del model
     return rows
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"\n{'backbone':9} {'method':17} {'path':22} {'peak MiB':>9} {'× e2e (a)':>9} "
-          f"{'params MiB':>10} {'s/step':>7}")  # fmt: skip
+    print(
+        f"\n{'backbone':9} {'method':17} {'path':22} {'peak MiB':>9} {'× e2e (a)':>9} "
+        f"{'params MiB':>10} {'s/step':>7}"
+    )
     for name in dict.fromkeys(r["backbone"] for r in rows):
         group = [r for r in rows if r["backbone"] == name]
         reference = next(r["peak_mib"] for r in group if r["method"] == "end-to-end")
@@ -158,8 +166,20 @@ def train_readout(method: str, seed: int, epochs: int, out: Path) -> dict[str, A
     readout accuracy of every stage, ``stage{k}_probe_accuracy``."""
     name, flags = TRAIN_FLAGS[method]
     run = out / f"{name}-e{epochs}-s{seed}"
-    argv = ["--quick", "--method", "loco", *flags, "--epochs", str(epochs), "--seed", str(seed),
-            "--device", "cpu", "--out", str(run)]  # fmt: skip
+    argv = [
+        "--quick",
+        "--method",
+        "loco",
+        *flags,
+        "--epochs",
+        str(epochs),
+        "--seed",
+        str(seed),
+        "--device",
+        "cpu",
+        "--out",
+        str(run),
+    ]
     if (run / "checkpoints" / "last.pt").is_file():
         argv.append("--resume")  # finished: only re-evaluated
     return train.main(argv)

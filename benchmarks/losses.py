@@ -166,11 +166,15 @@ def bench_size(n_rows: int, reps: int, peers: bool) -> list[dict[str, object]]:
             value = fwd_bwd(fn, features, labels)
             rows.append(
                 {
-                    "N": n_rows, "task": task, "method": name, "seconds": times[name],
-                    "peak_mib": peak_memory(runs[name]) / 2**20, "floor": floor,
+                    "N": n_rows,
+                    "task": task,
+                    "method": name,
+                    "seconds": times[name],
+                    "peak_mib": peak_memory(runs[name]) / 2**20,
+                    "floor": floor,
                     "loss_diff": abs(value - reference),
                 }
-            )  # fmt: skip
+            )
     return rows
 
 
@@ -215,8 +219,10 @@ def child(method: str, n_rows: int) -> None:
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
-    print(f"\n{'N':>6} {'task':8} {'method':20} {'ms':>9} {'peak MiB':>9} "
-          f"{'x floor':>8} {'x fastest peer':>15} {'|Δloss|':>9}")  # fmt: skip
+    print(
+        f"\n{'N':>6} {'task':8} {'method':20} {'ms':>9} {'peak MiB':>9} "
+        f"{'x floor':>8} {'x fastest peer':>15} {'|Δloss|':>9}"
+    )
     for n in sorted({int(r["N"]) for r in rows}):  # type: ignore[call-overload]
         for task in ("supcon", "nt_xent"):
             group = [r for r in rows if r["N"] == n and r["task"] == task]
@@ -251,8 +257,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(args.child, args.child_n)
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, D={D}, τ={TAU}, "
-          f"{CLASSES} classes, fp32 CPU, forward+backward")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, D={D}, τ={TAU}, "
+        f"{CLASSES} classes, fp32 CPU, forward+backward"
+    )
     rows: list[dict[str, object]] = []
     for n in args.sizes:
         reps = args.reps if n <= 4096 else max(2, args.reps // 2)

@@ -32,8 +32,9 @@ def augment(x: Tensor, generator: torch.Generator) -> Tensor:
     scale = 0.9 + 0.2 * torch.rand(N, generator=generator)
     shift = (torch.rand(N, 2, generator=generator) * 2 - 1) * 0.25  # grid units: 0.25 = 1 pixel
     cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1),
-                         torch.stack([sin, cos, shift[:, 1]], 1)], 1)  # (N, 2, 3)  # fmt: skip
+    theta = torch.stack(
+        [torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1
+    )  # (N, 2, 3)
     grid = F.affine_grid(theta, [N, 1, 8, 8], align_corners=False)  # (N, 8, 8, 2)
     img = F.grid_sample(x.view(N, 1, 8, 8), grid, align_corners=False)  # (N, 1, 8, 8)
     keep = torch.rand(img.shape, generator=generator) > 0.1
@@ -81,10 +82,18 @@ def main(epochs: int = 100, batch_size: int = 512, seed: int = 0) -> dict[str, o
         h = encoder(x)  # (1797, 128) frozen features
     learned = linear_probe(h[train], y[train], h[test], y[test], seed=seed)
     raw = linear_probe(x[train], y[train], x[test], y[test], seed=seed)
-    print(f"linear probe on {len(test)} held-out digits: SimCLR features {learned.accuracy:.3f}, "
-          f"raw pixels {raw.accuracy:.3f}")  # fmt: skip
-    return {"losses": losses, "features": h, "labels": y, "test": test,
-            "probe_accuracy": learned.accuracy, "raw_pixel_accuracy": raw.accuracy}  # fmt: skip
+    print(
+        f"linear probe on {len(test)} held-out digits: SimCLR features {learned.accuracy:.3f}, "
+        f"raw pixels {raw.accuracy:.3f}"
+    )
+    return {
+        "losses": losses,
+        "features": h,
+        "labels": y,
+        "test": test,
+        "probe_accuracy": learned.accuracy,
+        "raw_pixel_accuracy": raw.accuracy,
+    }
 
 
 if __name__ == "__main__":

@@ -43,12 +43,20 @@ def simclr_digits_section(out: RunDir, epochs: int, seeds: int) -> tuple[dict[st
     results = [minimal_simclr.main(epochs=epochs, seed=seed) for seed in range(seeds)]
     seconds = time.perf_counter() - start
     losses = [float(v) for v in results[0]["losses"]]  # type: ignore[attr-defined]
-    plot_loss_curves({"step": list(range(len(losses))), "nt_xent": losses},
-                     out.plots / "simclr_digits_loss.png", keys=["nt_xent"])  # fmt: skip
+    plot_loss_curves(
+        {"step": list(range(len(losses))), "nt_xent": losses},
+        out.plots / "simclr_digits_loss.png",
+        keys=["nt_xent"],
+    )
     first = results[0]
     test = first["test"]
-    plot_tsne(first["features"][test], first["labels"][test],  # type: ignore[index]
-              out.plots / "simclr_digits_tsne.png", seed=0, num_threads=1)  # fmt: skip
+    plot_tsne(
+        first["features"][test],
+        first["labels"][test],  # type: ignore[index]
+        out.plots / "simclr_digits_tsne.png",
+        seed=0,
+        num_threads=1,
+    )
     x = torch.tensor(load_digits().data[:8], dtype=torch.float32) / 16.0  # (8, 64)
     g = torch.Generator().manual_seed(0)
     views = [x, minimal_simclr.augment(x, g), minimal_simclr.augment(x, g)]
@@ -144,8 +152,20 @@ def _quick_run(out: RunDir, name: str, seed: int, epochs: int, flags: list[str])
     run = Path(out.path) / name
     if run.exists():
         shutil.rmtree(run)
-    train.main(["--quick", "--epochs", str(epochs), "--seed", str(seed), "--device", "cpu",
-                "--out", str(run), *flags])  # fmt: skip
+    train.main(
+        [
+            "--quick",
+            "--epochs",
+            str(epochs),
+            "--seed",
+            str(seed),
+            "--device",
+            "cpu",
+            "--out",
+            str(run),
+            *flags,
+        ]
+    )
     return run
 
 
@@ -171,15 +191,22 @@ def clae_section(
     simclr = _quick_run(out, "imagecl-simclr-short", seed, epochs, ["--method", "simclr"])
     _, data, model = load_trained(simclr / "checkpoints" / "last.pt", device=CPU)
     plain = evaluate_encoder(
-        model.backbone, data, device=CPU, seed=seed, knn_k=(), attack="pgd",
-        eps=RUN_ATTACK_EPS, attack_steps=RUN_ATTACK_STEPS,
-    )  # fmt: skip
+        model.backbone,
+        data,
+        device=CPU,
+        seed=seed,
+        knn_k=(),
+        attack="pgd",
+        eps=RUN_ATTACK_EPS,
+        attack_steps=RUN_ATTACK_STEPS,
+    )
     rows = {
         "SimCLR": (plain["linear_probe_accuracy"], plain["pgd_robust_accuracy"]),
         "SimCLR + CLAE": (
-            clae_summary["linear_probe_accuracy"], clae_summary["pgd_robust_accuracy"]
+            clae_summary["linear_probe_accuracy"],
+            clae_summary["pgd_robust_accuracy"],
         ),
-    }  # fmt: skip
+    }
     numbers: dict[str, object] = {
         f"imagecl_{key}_digits_m/{what}": value
         for key, (clean, robust) in zip(("simclr_short", "clae"), rows.values(), strict=True)
@@ -264,12 +291,25 @@ def graphcl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
         if folder.exists():
             shutil.rmtree(folder)
     start = time.perf_counter()
-    pre_summary = pretrain.main(["--quick", "--seed", str(seed), "--device", "cpu",
-                                 "--out", str(pre)])  # fmt: skip
+    pre_summary = pretrain.main(
+        ["--quick", "--seed", str(seed), "--device", "cpu", "--out", str(pre)]
+    )
     ft_summary = finetune.main(
-        ["--quick", "--encoder", str(pre / "encoder.safetensors"), "--data", "freesolv",
-         "--compare-scratch", "--seeds", str(seed), "--device", "cpu", "--out", str(ft)]
-    )  # fmt: skip
+        [
+            "--quick",
+            "--encoder",
+            str(pre / "encoder.safetensors"),
+            "--data",
+            "freesolv",
+            "--compare-scratch",
+            "--seeds",
+            str(seed),
+            "--device",
+            "cpu",
+            "--out",
+            str(ft),
+        ]
+    )
     seconds = time.perf_counter() - start
     for plot in ("training", "views", "tsne_h_logp_quintile"):
         shutil.copy(pre / "plots" / f"{plot}.png", out.plots / f"graphcl_{plot}.png")
@@ -316,12 +356,30 @@ def contragan_section(
     seconds = time.perf_counter() - start
     for plot in ("samples", "losses"):
         shutil.copy(run / "plots" / f"{plot}.png", out.plots / f"contragan_{plot}.png")
-    figures = evaluate([
-        "--quick", "--checkpoint", str(run / "checkpoints" / "last.pt"), "--device", "cpu",
-        "--seed", str(seed), "--cache-dir", str(Path(out.path) / "contragan-extractors"),
-    ])  # fmt: skip
-    keys = ("fd", "kid_mean", "precision", "recall", "density", "coverage", "gan_test_acc",
-            "cas_acc", "intra_fd_mean")  # fmt: skip
+    figures = evaluate(
+        [
+            "--quick",
+            "--checkpoint",
+            str(run / "checkpoints" / "last.pt"),
+            "--device",
+            "cpu",
+            "--seed",
+            str(seed),
+            "--cache-dir",
+            str(Path(out.path) / "contragan-extractors"),
+        ]
+    )
+    keys = (
+        "fd",
+        "kid_mean",
+        "precision",
+        "recall",
+        "density",
+        "coverage",
+        "gan_test_acc",
+        "cas_acc",
+        "intra_fd_mean",
+    )
     generated = {key: (figures[key], figures[f"{key}_std"]) for key in keys}
     real = {key: (figures[f"real_{key}"], figures[f"real_{key}_std"]) for key in keys}
     numbers: dict[str, object] = {f"contragan_digits/{key}": figures[key] for key in keys}

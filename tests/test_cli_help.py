@@ -56,10 +56,18 @@ def _help_parser(
 
 def test_every_command_is_covered() -> None:
     assert {" ".join([cli, *command]) for cli, command in COMMANDS} >= {
-        "graphcl pretrain", "graphcl finetune", "graphcl probe", "graphcl augment",
-        "imagecl train", "imagecl eval", "imagecl finetune", "imagecl study head",
-        "contragan train", "contragan sample", "contragan evaluate",
-    }  # fmt: skip
+        "graphcl pretrain",
+        "graphcl finetune",
+        "graphcl probe",
+        "graphcl augment",
+        "imagecl train",
+        "imagecl eval",
+        "imagecl finetune",
+        "imagecl study head",
+        "contragan train",
+        "contragan sample",
+        "contragan evaluate",
+    }
 
 
 @pytest.mark.parametrize(

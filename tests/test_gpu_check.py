@@ -29,8 +29,13 @@ SECTIONS = (
     "## Parts",
 )
 SYNC_PIPELINES = {
-    "imagecl simclr", "imagecl supcon", "imagecl clae", "imagecl loco", "contragan", "graphcl",
-}  # fmt: skip
+    "imagecl simclr",
+    "imagecl supcon",
+    "imagecl clae",
+    "imagecl loco",
+    "contragan",
+    "graphcl",
+}
 
 
 def _gpu_check() -> ModuleType:
@@ -48,8 +53,11 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], s
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
     done = subprocess.run(
         ["bash", str(ROOT / "benchmarks/gpu_check.sh"), "--dry-run"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "gpu_check.json").read_text(encoding="utf-8"))
     return report, (out / "gpu_check.md").read_text(encoding="utf-8")
@@ -108,7 +116,7 @@ def test_dry_run_counts_syncs_and_runs_a_cuda_test(dry_run: tuple[dict[str, Any]
         ("= 2 passed, 5 deselected, 2 errors in 1s =", {"passed": 2, "deselected": 5, "error": 2}),
         ("collecting ... interrupted\n", {}),
     ],
-)  # fmt: skip
+)
 def test_pytest_counts_reads_the_closing_line(output: str, counts: dict[str, int]) -> None:
     assert _gpu_check().pytest_counts(output) == counts
 

@@ -106,14 +106,24 @@ def test_imagecl_train_step_has_no_host_sync(
     def run() -> object:  # as imagecl.commands.train.main
         if cfg.method == "loco":  # the per-unit backward of LoCo's updater
             updater = LocalUpdater(
-                built.model, built.optimizer, views=built.views, temperature=cfg.tau,
-                gather=False, scheduler=built.scheduler,
-            )  # fmt: skip
+                built.model,
+                built.optimizer,
+                views=built.views,
+                temperature=cfg.tau,
+                gather=False,
+                scheduler=built.scheduler,
+            )
             return fit_updater(updater, built.loader, loop_cfg=LOOP, run_dir=run_dir, device=CPU)
         return fit(
-            built.model, built.optimizer, built.loader, step, loop_cfg=LOOP, run_dir=run_dir,
-            device=CPU, scheduler=built.scheduler,
-        )  # fmt: skip
+            built.model,
+            built.optimizer,
+            built.loader,
+            step,
+            loop_cfg=LOOP,
+            run_dir=run_dir,
+            device=CPU,
+            scheduler=built.scheduler,
+        )
 
     syncs = _counted(monkeypatch, run)
     assert syncs == Counter(), syncs
@@ -127,18 +137,42 @@ def test_contragan_train_step_has_no_host_sync(
     from contragan.models import build
 
     argv = [
-        "--data", "digits", "--image-size", "16", "--arch", "digits", "--width", "8",
-        "--batch-size", "16", "--n-dis", "2", "--ema-start", "1", "--ema-decay", "0.9",
-        "--device", "cpu", "--amp", "off", "--loss", loss, "--diffaug", "color,translation",
-    ]  # fmt: skip
+        "--data",
+        "digits",
+        "--image-size",
+        "16",
+        "--arch",
+        "digits",
+        "--width",
+        "8",
+        "--batch-size",
+        "16",
+        "--n-dis",
+        "2",
+        "--ema-start",
+        "1",
+        "--ema-decay",
+        "0.9",
+        "--device",
+        "cpu",
+        "--amp",
+        "off",
+        "--loss",
+        loss,
+        "--diffaug",
+        "color,translation",
+    ]
     cfg = parse_config(Config, argv)
     built = build(cfg, device=CPU, data=digits16)
 
     def run() -> object:
         return fit_updater(
-            built.updater, built.loader, loop_cfg=LOOP,
-            run_dir=RunDir.create("t", "run", root=tmp_path), device=CPU,
-        )  # fmt: skip
+            built.updater,
+            built.loader,
+            loop_cfg=LOOP,
+            run_dir=RunDir.create("t", "run", root=tmp_path),
+            device=CPU,
+        )
 
     syncs = _counted(monkeypatch, run)
     assert syncs == Counter(), syncs
@@ -166,18 +200,36 @@ def graphcl_counts(
 
     cfg = parse_config(
         pretrain.Config,
-        ["--data", "freesolv", "--batch-size", "16", "--num-layers", "2", "--hidden", "16",
-         "--device", "cpu", *request.param],
-    )  # fmt: skip
+        [
+            "--data",
+            "freesolv",
+            "--batch-size",
+            "16",
+            "--num-layers",
+            "2",
+            "--hidden",
+            "16",
+            "--device",
+            "cpu",
+            *request.param,
+        ],
+    )
     built = pretrain.build(cfg, device=CPU, data=load_molecules("freesolv"))
     step = functools.partial(pretrain_step, cfg=cfg, views=built.views, gather=False)
     run_dir = RunDir.create("t", "run", root=tmp_path_factory.mktemp("graphcl"))
     with pytest.MonkeyPatch.context() as monkeypatch, counting_reads(monkeypatch):
         counts = _counted(
             monkeypatch,
-            lambda: fit(built.model, built.optimizer, built.loader, step, loop_cfg=LOOP,
-                        run_dir=run_dir, device=CPU),
-        )  # fmt: skip
+            lambda: fit(
+                built.model,
+                built.optimizer,
+                built.loader,
+                step,
+                loop_cfg=LOOP,
+                run_dir=run_dir,
+                device=CPU,
+            ),
+        )
     return request.param, counts
 
 
@@ -205,8 +257,13 @@ def test_the_harness_counts_a_sync_in_every_counted_step(
     def run() -> object:
         optimizer = torch.optim.Adam(model.parameters())
         return fit(
-            model, optimizer, data, reading_step, loop_cfg=LOOP,
-            run_dir=RunDir.create("t", "control", root=tmp_path), device=CPU,
-        )  # fmt: skip
+            model,
+            optimizer,
+            data,
+            reading_step,
+            loop_cfg=LOOP,
+            run_dir=RunDir.create("t", "control", root=tmp_path),
+            device=CPU,
+        )
 
     assert _counted(monkeypatch, run) == Counter({"aten._local_scalar_dense": len(COUNTED)})

@@ -18,9 +18,11 @@ def test_clae_and_loco_sections_copy_their_plots_and_report_their_numbers(tmp_pa
     loco_numbers, loco_text = tour.loco_section(out, seed=0, epochs=1)
     plots = {p.name for p in out.plots.glob("*.png")}
     assert plots == {
-        "imagecl_clae_training.png", "imagecl_clae_robust_accuracy.png",
-        "imagecl_loco_loco_readout.png", "imagecl_loco_training.png",
-    }  # fmt: skip
+        "imagecl_clae_training.png",
+        "imagecl_clae_robust_accuracy.png",
+        "imagecl_loco_loco_readout.png",
+        "imagecl_loco_training.png",
+    }
     for method in ("clae", "simclr_short"):
         clean = clae_numbers[f"imagecl_{method}_digits_m/linear_probe_accuracy"]
         robust = clae_numbers[f"imagecl_{method}_digits_m/pgd_robust_accuracy"]
