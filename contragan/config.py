@@ -82,13 +82,16 @@ class Config:
     resume: bool = False  # continue the run in --out from checkpoints/last.pt (same config)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "n_dis"):
+        for name in ("batch_size", "n_dis", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("image_size", "epochs", "max_steps", "eval_every", "checkpoint_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or none, got {getattr(self, name)}")
         for name in ("g_lr", "d_lr", "tau"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("lambda_2c", "ac_weight", "ema_start", "num_workers"):
+        for name in ("lambda_2c", "ac_weight", "ema_start", "num_workers", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and 0 <= self.ema_decay < 1):
@@ -146,6 +149,8 @@ class SampleConfig:
     def __post_init__(self) -> None:
         if self.per_class < 1:
             raise ValueError(f"per_class must be >= 1, got {self.per_class}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         _require_checkpoint(self.checkpoint)
 
 
@@ -185,6 +190,8 @@ class EvaluateConfig:
             raise ValueError(
                 f"min_extractor_accuracy must be in [0, 1], got {self.min_extractor_accuracy}"
             )
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         _require_checkpoint(self.checkpoint)
 
 

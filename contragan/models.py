@@ -24,7 +24,7 @@ from contragan.data import DIGITS_DATA, ImageData, collate_uint8, load_data
 from contragan.layers import orthogonal_init_
 from contragan.networks import Discriminator, Generator
 from contragan.steps import GanUpdater
-from shared.checkpoint import load_checkpoint
+from shared.checkpoint import load_checkpoint, load_state
 from shared.config import load_config
 from shared.runs import RunDir
 from shared.runtime import SINGLE_PROCESS, DistEnv, make_loader, seed_everything, wrap_ddp
@@ -189,10 +189,6 @@ def load_generator(
     if key not in state:
         raise ValueError(f"{checkpoint} holds no generator: not a contragan train checkpoint")
     generator = Generator(arch)
-    try:
-        generator.load_state_dict(state[key])
-    except RuntimeError as error:
-        raise ValueError(
-            f"{checkpoint}: its {key} does not fit {run_path / 'arch.json'}: {error}"
-        ) from error
+    where = f"{checkpoint}: its {key}"
+    load_state(generator, state[key], source=f"{where} (for {run_path / 'arch.json'})")
     return cfg, arch, generator.to(device).eval()

@@ -109,9 +109,19 @@ class PretrainConfig:
     resume: bool = False  # continue the run in --out from checkpoints/last.pt (same config)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden", "head_dim", "batch_size", "epochs"):
+        for name in ("num_layers", "hidden", "head_dim", "batch_size", "epochs", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "checkpoint_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or none, got {getattr(self, name)}")
+        for name in ("weight_decay", "seed", "num_workers"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not self.joao_gamma > 0:
+            raise ValueError(f"joao_gamma must be > 0, got {self.joao_gamma}")
         for name in ("augment1", "augment2"):
             if getattr(self, name) not in AUGMENT_CHOICES:
                 raise ValueError(
@@ -211,6 +221,16 @@ class FinetuneConfig:
         for name in ("epochs", "batch_size", "num_layers", "hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if any(seed < 0 for seed in self.seeds):
+            raise ValueError(f"seeds must be >= 0, got {self.seeds}")
+        if any(k < 1 for k in self.flips):
+            raise ValueError(f"flips must each be >= 1, got {self.flips}")
 
 
 FINETUNE_QUICK: dict[str, Any] = {"epochs": 15, "seeds": (0,), "num_layers": 3, "hidden": 64}
@@ -243,6 +263,10 @@ class ProbeConfig:
     """auto: CUDA when available, else CPU; or force cpu / cuda"""
     out: Path | None = None  # run folder; none: runs/graphcl/probe-<time>
 
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
 
 @dataclass(frozen=True)
 class AugmentConfig:
@@ -266,3 +290,5 @@ class AugmentConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.aug_ratio < 1:
             raise ValueError(f"aug_ratio must be in [0, 1), got {self.aug_ratio}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")

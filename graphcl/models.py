@@ -70,6 +70,8 @@ def load_pretrained(path: Path) -> tuple[nn.Module, dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"encoder file {path} does not exist")
+    if path.stat().st_size == 0:
+        raise ValueError(f"encoder file {path} is empty (0 bytes): not a safetensors file")
     try:
         with safetensors.safe_open(str(path), framework="pt") as reader:
             header = dict(reader.metadata() or {})
@@ -77,7 +79,12 @@ def load_pretrained(path: Path) -> tuple[nn.Module, dict[str, Any]]:
         raise ValueError(f"encoder file {path} is not a valid safetensors file: {exc}") from exc
     if "encoder_config" not in header:
         raise ValueError(f"{path} has no encoder_config in its header: not written by pretrain")
-    config = json.loads(header["encoder_config"])
+    try:
+        config = json.loads(header["encoder_config"])
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: the encoder_config in its header is not JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: the encoder_config in its header is not a JSON object")
     encoder = encoder_from_config(config)
     load_encoder(encoder, path)
     return encoder, config

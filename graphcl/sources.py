@@ -275,11 +275,17 @@ def plan_source(
         raise ValueError(f"{path} is a .smi file, which holds no targets; got targets={targets}")
 
     def read_file() -> Parsed:
-        if suffix == ".csv":
-            return Parsed(targets, read_csv(path, smiles_column, targets), [])
-        if suffix == ".sdf":
-            return Parsed(targets, read_sdf(path, targets), [])
-        return Parsed((), read_smi(path), [])
+        try:
+            if suffix == ".csv":
+                return Parsed(targets, read_csv(path, smiles_column, targets), [])
+            if suffix == ".sdf":
+                return Parsed(targets, read_sdf(path, targets), [])
+            return Parsed((), read_smi(path), [])
+        except UnicodeDecodeError as exc:  # e.g. Excel's "Unicode text" (UTF-16) or a binary
+            raise ValueError(
+                f"cannot read {path}: it is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                "save it as UTF-8"
+            ) from exc
 
     return Plan(path.stem, (path,), read_file, task)
 

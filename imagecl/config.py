@@ -113,7 +113,7 @@ class Config:
     """generalized: the distribution term's target, e.g. uniform_hypersphere (Chen et al. 2021)"""
     lam: float = 1.0  # generalized: weight λ of the distribution term, L_align + λ·L_dist; >= 0
     margin: float = 0.5
-    """triplet: margin on squared distances of normalised z (0.5 = 0.25 on cosines); > 0"""
+    """triplet: margin on squared distances of normalised z (0.5 = 0.25 on cosines); >= 0"""
     # group: run
     online_probe: bool = True  # train a linear probe on detached h alongside and log probe_acc
     probe_lr: float = 0.1
@@ -136,13 +136,20 @@ class Config:
     resume: bool = False  # continue the run in --out from checkpoints/last.pt (same config)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "epochs", "width", "head_dim", "views"):
+        for name in ("batch_size", "epochs", "width", "head_dim", "views", "stages", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("image_size", "max_steps", "eval_every", "checkpoint_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or none, got {getattr(self, name)}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.adv_eps > 1:
+            raise ValueError(f"adv_eps must be <= 1 (pixel units in [0, 1]), got {self.adv_eps}")
         for name in ("lr", "probe_lr"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("weight_decay", "warmup_epochs", "queue_size", "num_workers"):
+        for name in ("weight_decay", "warmup_epochs", "queue_size", "num_workers", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.method not in METHODS:
@@ -246,6 +253,8 @@ class EvalConfig:
             raise ValueError(f"eps must lie in [0, 1] (pixel units), got {self.eps}")
         if self.attack_steps < 1:
             raise ValueError(f"attack_steps must be >= 1, got {self.attack_steps}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True)
@@ -280,6 +289,11 @@ class FinetuneConfig:
             raise ValueError(f"label_fraction must be in (0, 1], got {self.label_fraction}")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError("steps and batch_size must be >= 1")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        for name in ("weight_decay", "warmup_epochs", "seed"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 FINETUNE_QUICK: dict[str, Any] = {"steps": 100}

@@ -114,5 +114,8 @@ def resized_crop(x: Tensor, boxes: ResizedCropBoxes, size: int) -> Tensor:
     )
     zero = torch.zeros_like(sx)
     theta = torch.stack([sx, zero, tx, zero, sy, ty], dim=1).view(b, 2, 3)  # (B, 2, 3)
-    grid = F.affine_grid(theta, [b, 1, size, size], align_corners=True)
+    if size == 1:  # affine_grid's own value (the box centre), without its unit-size warning
+        grid = theta[:, :, 2].reshape(b, 1, 1, 2)
+    else:
+        grid = F.affine_grid(theta, [b, 1, size, size], align_corners=True)
     return F.grid_sample(x, grid, mode="bicubic", padding_mode="border", align_corners=True)

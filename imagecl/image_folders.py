@@ -3,7 +3,8 @@
 Two layouts: torchvision's ``ImageFolder`` (one sub-folder per class, class index = position of
 the folder name in sorted order) and a plain folder searched recursively (no labels). Files are
 chosen by extension (``torchvision.datasets.folder.IMG_EXTENSIONS``, case-insensitive); each is
-decoded with PIL, converted to RGB, centre-cropped to a square and resized (bicubic). A file that
+decoded with PIL, converted to RGB (16-bit greyscale scaled to 8 bits; CMYK, palette, grey and
+alpha modes through PIL's conversion), centre-cropped to a square and resized (bicubic). A file that
 PIL cannot open or decode completely (not an image, truncated, corrupt) is skipped and reported
 with the reason; one bad file never stops a run.
 
@@ -60,6 +61,11 @@ def decode_image(path: str | Path, size: int) -> Tensor:
         if image.mode == "P" and "transparency" in image.info:
             # PIL warns when palette transparency goes straight to RGB
             rgb = image.convert("RGBA").convert("RGB")
+        elif image.mode.startswith("I;16") or image.mode == "I":
+            # 16-bit greyscale (PNG, TIFF): PIL's convert clips every value above 255 to white;
+            # scale 0..65535 to 0..255 instead
+            wide = np.asarray(image).astype(np.int64)
+            rgb = Image.fromarray((wide.clip(0, 65535) // 257).astype(np.uint8)).convert("RGB")
         else:
             rgb = image.convert("RGB")
     fitted = ImageOps.fit(rgb, (size, size), method=Image.Resampling.BICUBIC)

@@ -21,7 +21,7 @@ from imagecl.config import Config
 from imagecl.data import ImageData, collate_uint8, load_data
 from imagecl.loco_model import LoCoModel
 from imagecl.steps import METHODS
-from shared.checkpoint import load_checkpoint
+from shared.checkpoint import load_checkpoint, load_state
 from shared.config import load_config
 from shared.optim import LARS, lars_param_groups, warmup_cosine_schedule
 from shared.runtime import SINGLE_PROCESS, DistEnv, make_loader, seed_everything, wrap_ddp
@@ -144,11 +144,16 @@ def load_trained(
         )
     cfg = load_config(Config, config_path)
     state = load_checkpoint(checkpoint)
+    if not isinstance(state.get("model"), dict):
+        raise ValueError(
+            f"checkpoint {checkpoint} holds no model state: not a checkpoint of imagecl train "
+            f"(its keys: {', '.join(sorted(map(str, state))) or 'none'})"
+        )
     data = load_data(
         cfg.data, root=data_root or cfg.data_root, seed=cfg.seed, image_size=cfg.image_size
     )
     model = build_model(cfg, data)
-    model.load_state_dict(without_compile_prefix(state["model"]))
+    load_state(model, without_compile_prefix(state["model"]), source=f"checkpoint {checkpoint}")
     return cfg, data, model.to(device).eval()
 
 

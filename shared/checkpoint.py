@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,13 +27,16 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "append_whole",
     "atomic_write",
     "export_encoder",
     "load_checkpoint",
     "load_encoder",
+    "load_state",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "writable_folder",
 ]
 
 PathLike = str | os.PathLike[str]
@@ -45,12 +49,17 @@ def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
     The temporary file lives in the same folder (``os.replace`` is atomic only within one file
     system) and is flushed and fsynced before the rename, so after a crash ``path`` holds either
     the old or the new content in full, never a torn mix. On an exception the temporary file is
-    removed and ``path`` is left untouched.
+    removed and ``path`` is left untouched. A write that fails (a full disk, a read-only folder)
+    raises an ``OSError`` naming ``path`` and the cause, also where ``torch.save`` turned it
+    into its own ``RuntimeError``.
     """
     target = Path(path)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"cannot write {target}: folder {target.parent} does not exist")
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _write_error(target, exc) from exc
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w+b") as handle:
@@ -58,10 +67,64 @@ def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        raise
+        cause = _failed_write(exc)
+        if cause is None:
+            raise
+        raise _write_error(target, cause) from exc
     _fsync_dir(target.parent)
+
+
+def _failed_write(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc``: itself, or what ``torch.save``'s ``RuntimeError`` hides
+    (its file writer reports a failed ``write`` as ``unexpected pos ...``)."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, RuntimeError) and isinstance(exc.__context__, OSError):
+        return exc.__context__
+    return None
+
+
+def _write_error(target: Path, exc: OSError) -> OSError:
+    """``exc`` naming the file meant (not its temporary twin); the same ``errno``, so the same
+    ``OSError`` subclass (``PermissionError``, ...)."""
+    return OSError(exc.errno, f"cannot write {target}: {exc.strerror or exc}")
+
+
+def append_whole(path: PathLike, data: bytes) -> None:
+    """Append ``data`` to the file ``path``; a write that fails (a full disk) is cut off again.
+
+    A full disk may take part of ``data`` before it fails: the file is truncated back to its
+    old length, so it never ends in a torn record, and the ``OSError`` names the file.
+    """
+    target = Path(path)
+    size = target.stat().st_size
+    try:
+        with target.open("ab") as handle:
+            handle.write(data)
+    except OSError as exc:
+        with suppress(OSError):
+            os.truncate(target, size)
+        raise _write_error(target, exc) from exc
+
+
+def writable_folder(path: PathLike) -> Path:
+    """Create the folder ``path`` (and its parents) and check that files can be created in it.
+
+    A probe file is created and removed, as a write would be: ``os.access`` says yes to root
+    in a ``chmod 0o555`` folder. Raises an ``OSError`` naming the folder and the cause
+    (``Permission denied``, ``Read-only file system``, ...).
+    """
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write in the folder {folder}: {exc.strerror}") from exc
+    return folder
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -108,15 +171,75 @@ def load_checkpoint(
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"checkpoint {source} does not exist")
+    if source.stat().st_size == 0:
+        raise ValueError(f"checkpoint {source} is empty (0 bytes): not a checkpoint")
     try:
         state = torch.load(source, map_location=map_location, weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as exc:
-        raise ValueError(
-            f"checkpoint {source} is corrupt or not weights-only loadable: {exc}"
-        ) from exc
+        raise ValueError(f"checkpoint {source} {_load_problem(exc)}") from exc
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint {source} holds a {type(state).__name__}, expected a dict")
     return state
+
+
+def _load_problem(exc: BaseException) -> str:
+    """One line for what ``torch.load(weights_only=True)`` refused (its own text spans several
+    lines and suggests ``weights_only=False``, which would run whatever the pickle says)."""
+    text = str(exc)
+    unsafe = re.search(r"GLOBAL ([\w.]+)", text)
+    if unsafe:
+        return (
+            f"refers to the Python object {unsafe.group(1)}, which a weights-only checkpoint "
+            "cannot hold: refused, nothing in it was run"
+        )
+    if "WeightsUnpickler error:" in text:
+        detail = text.split("WeightsUnpickler error:", 1)[1]
+    else:
+        detail = text
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    first = lines[0].split(". ")[0] if lines else type(exc).__name__
+    return f"is truncated or corrupt, not a complete torch.save file ({first})"
+
+
+def load_state(
+    module: nn.Module, state: Mapping[str, Any], *, source: str, strict: bool = True
+) -> None:
+    """``module.load_state_dict(state, strict=strict)``; a mismatch is one ``ValueError`` line.
+
+    ``load_state_dict`` raises a ``RuntimeError`` listing every missing, unexpected and
+    mis-shaped tensor over many lines; this names ``source`` and says how many of each, with
+    the first few names.
+    """
+    try:
+        module.load_state_dict(state, strict=strict)
+    except RuntimeError as exc:
+        own = module.state_dict()
+        problems = []
+        missing = [key for key in own if key not in state]
+        unexpected = [key for key in state if key not in own]
+        if strict and missing:
+            problems.append(f"missing {len(missing)} tensor(s) ({_few(missing)})")
+        if strict and unexpected:
+            problems.append(f"{len(unexpected)} unexpected tensor(s) ({_few(unexpected)})")
+        shapes = [
+            f"{key} {tuple(value.shape)} where the model has {tuple(own[key].shape)}"
+            for key, value in state.items()
+            if isinstance(value, Tensor)
+            and isinstance(own.get(key), Tensor)
+            and value.shape != own[key].shape
+        ]
+        if shapes:
+            problems.append(f"wrong shape of {len(shapes)} tensor(s): {_few(shapes)}")
+        if not problems:
+            problems.append(str(exc).strip().splitlines()[0])
+        raise ValueError(
+            f"{source} does not fit {type(module).__name__}: {'; '.join(problems)}"
+        ) from exc
+
+
+def _few(names: list[str], count: int = 3) -> str:
+    more = f", ... {len(names) - count} more" if len(names) > count else ""
+    return ", ".join(names[:count]) + more
 
 
 def export_encoder(
@@ -147,18 +270,20 @@ def load_encoder(module: nn.Module, path: PathLike, *, strict: bool = True) -> d
     """Load a ``safetensors`` file from :func:`export_encoder` into ``module``; return its metadata.
 
     With ``strict=True`` (the default) missing or unexpected keys raise, as in
-    ``nn.Module.load_state_dict``.
+    ``nn.Module.load_state_dict``, but as one ``ValueError`` line (:func:`load_state`).
     """
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"encoder file {source} does not exist")
+    if source.stat().st_size == 0:
+        raise ValueError(f"encoder file {source} is empty (0 bytes): not a safetensors file")
     try:
         with safetensors.safe_open(str(source), framework="pt") as reader:
             meta = dict(reader.metadata() or {})
         tensors = safetensors.torch.load_file(str(source), device="cpu")
     except (safetensors.SafetensorError, OSError) as exc:
         raise ValueError(f"encoder file {source} is not a valid safetensors file: {exc}") from exc
-    module.load_state_dict(tensors, strict=strict)
+    load_state(module, tensors, source=f"encoder file {source}", strict=strict)
     return meta
 
 

@@ -21,8 +21,9 @@ def dispatch(
     """Run ``pipelines[name]``'s main with the remaining arguments; list them on ``--help``.
 
     ``pipelines`` maps a command name to ``(one-line help, main)``. Returns the exit status:
-    0, or 2 after printing one line for bad input (a ``ValueError``, ``FileNotFoundError`` or
-    ``FileExistsError`` from the pipeline) instead of a traceback.
+    0, or 2 after printing one line instead of a traceback for bad input (a ``ValueError``),
+    a file that cannot be read or written (any ``OSError``: missing, a full disk, a read-only
+    folder) or a run stopped by a NaN/inf loss (``FloatingPointError``) from the pipeline.
     """
     listing = "\n".join(f"  {name:16} {text}" for name, (text, _) in pipelines.items())
     parser = argparse.ArgumentParser(
@@ -44,8 +45,16 @@ def dispatch(
         parser.error(f"unknown pipeline {ns.pipeline!r} (available: {known})")
     try:
         pipelines[ns.pipeline][1](list(ns.args))
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        # bad input (a missing data set, a changed config on resume, ...): one clear line
-        print(f"{prog} {ns.pipeline}: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError, FloatingPointError) as exc:
+        # bad input (a missing data set, a changed config on resume, ...), a full disk or a
+        # read-only folder, a diverged run (a NaN loss): one clear line
+        print(f"{prog} {ns.pipeline}: error: {_message(exc)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _message(exc: BaseException) -> str:
+    """The line shown for ``exc``; an ``OSError`` without Python's ``[Errno N]`` prefix."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror if exc.filename is None else f"{exc.strerror}: {exc.filename}"
+    return str(exc)

@@ -88,7 +88,8 @@ def parse_config(
         if unknown or preset in valid or preset == "config":
             raise ValueError(f"preset {preset!r} clashes with the fields or sets unknown {unknown}")
     # allow_abbrev=False: a prefix such as --temp must not silently mean --temperature.
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    # prog: its errors (``--config`` without a file) name the command, as the main parser's do
+    pre = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
     pre.add_argument("--config", type=Path, default=None)
     for preset in presets:
         pre.add_argument(f"--{preset}", action="store_true")
@@ -159,17 +160,32 @@ def read_config_file(cls: type[DataclassInstance], path: str | Path) -> dict[str
     """Read a YAML/JSON config file and return its values, checked against the fields of ``cls``.
 
     Raises ``ValueError`` naming the file for an unknown key (listing the valid ones), a value of
-    the wrong type, or a file whose top level is not a mapping.
+    the wrong type, a file whose top level is not a mapping, text that is not UTF-8, or invalid
+    YAML/JSON (with the line and column, on one line).
     """
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"config file {source} does not exist")
-    text = source.read_text(encoding="utf-8")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"config file {source} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
     suffix = source.suffix.lower()
     if suffix in (".yaml", ".yml"):
-        raw = yaml.safe_load(text)
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config file {source}: invalid YAML: {_yaml_problem(exc)}") from None
     elif suffix == ".json":
-        raw = json.loads(text)
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"config file {source}: invalid JSON: {exc.msg} at line {exc.lineno}, "
+                f"column {exc.colno}"
+            ) from None
     else:
         raise ValueError(
             f"config file {source}: unsupported suffix {suffix!r}; use .yaml/.yml/.json"
@@ -189,6 +205,16 @@ def read_config_file(cls: type[DataclassInstance], path: str | Path) -> dict[str
         key: coerce(value, hints[key], f"config file {source}: key {key!r}")
         for key, value in raw.items()
     }
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: what is wrong and where (its own message spans several)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        what = exc.problem or exc.context or "invalid syntax"
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{what}{where}"
+    return " ".join(str(exc).split())
 
 
 def load_config(cls: type[C], path: str | Path) -> C:

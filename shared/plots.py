@@ -20,8 +20,11 @@ import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from PIL import Image
 from torch import Tensor
 from torchvision.utils import save_image
+
+from shared.checkpoint import atomic_write
 
 __all__ = ["plot_loss_curves", "plot_tsne", "save_image_grid"]
 
@@ -33,8 +36,10 @@ def _prepare(out_path: str | os.PathLike[str]) -> Path:
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    """Render ``fig`` to ``path`` atomically: a full disk keeps the previous plot and names it."""
     FigureCanvasAgg(fig)  # attaches itself to fig; savefig then renders with Agg
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with atomic_write(path) as handle:
+        fig.savefig(handle, format=path.suffix.lstrip(".") or "png", dpi=120, bbox_inches="tight")
     return path
 
 
@@ -202,5 +207,7 @@ def save_image_grid(
     if normalize:
         low, high = pixels.min(), pixels.max()
         pixels = (pixels - low) / (high - low).clamp_min(1e-12)  # (N, C, H, W), new tensor
-    save_image(pixels, path, nrow=nrow, padding=padding)
+    image_format = Image.registered_extensions().get(path.suffix.lower(), "PNG")
+    with atomic_write(path) as handle:  # a full disk keeps the previous grid and names it
+        save_image(pixels, handle, nrow=nrow, padding=padding, format=image_format)
     return path

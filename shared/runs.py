@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
-from shared.checkpoint import atomic_write
+from shared.checkpoint import append_whole, atomic_write, writable_folder
 from shared.distributed import all_gather_object
 
 __all__ = [
@@ -66,7 +66,7 @@ class RunDir:
         ``name`` defaults to a timestamp (``-1``, ``-2`` ... appended if taken). An existing
         folder holding any file is refused unless ``resume=True`` (continue in it; it must hold
         ``checkpoints/last.pt``) or ``overwrite=True`` (delete it first), so a typo never mixes
-        two runs' files.
+        two runs' files. A folder this process cannot write in is refused with an ``OSError``.
         """
         _check_name("pipeline", pipeline)
         if resume and overwrite:
@@ -86,16 +86,29 @@ class RunDir:
         if resume:
             if not run.last_checkpoint.is_file():
                 raise FileNotFoundError(f"cannot resume: {run.last_checkpoint} does not exist")
+            run.remove_partial_writes()
         elif path.exists() and any(entry.is_file() for entry in path.rglob("*")):
             if not overwrite:
                 raise FileExistsError(
-                    f"run folder {path} is not empty; pass resume=True to continue it or "
-                    "overwrite=True to replace it"
+                    f"run folder {path} is not empty: continue it with --resume (resume=True) "
+                    "or give another --out (overwrite=True replaces it)"
                 )
             shutil.rmtree(path)
-        run.checkpoints.mkdir(parents=True, exist_ok=True)
-        run.plots.mkdir(parents=True, exist_ok=True)
+        for folder in (run.checkpoints, run.plots, path):
+            writable_folder(folder)  # refused now, not at the first checkpoint after training
         return run
+
+    def remove_partial_writes(self) -> list[Path]:
+        """Delete the temporary files of writes a crash cut short; return them.
+
+        A process killed inside :func:`~shared.checkpoint.atomic_write` leaves its temporary
+        file (``.<name>.<random>.tmp``, as large as a checkpoint) beside the intact old file;
+        a resumed run calls this first, so kills do not pile them up.
+        """
+        removed = sorted(p for p in self.path.rglob(".*.tmp") if p.is_file())
+        for tmp in removed:
+            tmp.unlink(missing_ok=True)
+        return removed
 
     @property
     def checkpoints(self) -> Path:
@@ -144,16 +157,30 @@ def open_run(
     """The run folder of a command: ``out``, or ``default`` with ``-<time>`` appended.
 
     Under DDP every rank must call it (all ranks get rank 0's path, time stamp included); only
-    rank 0 creates the folder (:meth:`RunDir.create`). ``resume`` needs ``out``.
+    rank 0 creates the folder (:meth:`RunDir.create`). ``resume`` needs ``out``; a folder that
+    exists without ``checkpoints/last.pt`` (the run was stopped before its first checkpoint) is
+    started over in place, with one line saying so: the caller then trains from step 0, i.e.
+    passes ``resume=run.last_checkpoint.is_file()`` on to the loop.
     """
     if resume and out is None:
         raise ValueError("--resume needs --out, the folder of the run to continue")
     if out is None:
         out = f"{default}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(all_gather_object(str(out))[0]).resolve()
-    if rank == 0:
-        return RunDir.create(path.parent.name, path.name, root=path.parent.parent, resume=resume)
-    return RunDir(path)
+    run = RunDir(path)
+    if rank != 0:
+        return run
+    if resume and path.is_dir() and not run.last_checkpoint.is_file():
+        print(
+            f"{run.last_checkpoint} does not exist (the run stopped before its first "
+            "checkpoint): nothing to resume, starting it from step 0",
+            flush=True,
+        )
+        run.remove_partial_writes()
+        for folder in (run.checkpoints, run.plots):
+            writable_folder(folder)
+        return run
+    return RunDir.create(path.parent.name, path.name, root=path.parent.parent, resume=resume)
 
 
 def _scalar(value: Any) -> float | int | str:
@@ -219,11 +246,10 @@ class MetricsLogger:
                 old_rows = list(csv.DictReader(handle))
             self.fieldnames += new_keys
             self._rewrite(old_rows)
-        with self.path.open("a", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(
-                handle, fieldnames=self.fieldnames, restval="", lineterminator="\n"
-            )
-            writer.writerow({"step": step, **values})
+        row = io.StringIO()
+        writer = csv.DictWriter(row, fieldnames=self.fieldnames, restval="", lineterminator="\n")
+        writer.writerow({"step": step, **values})
+        append_whole(self.path, row.getvalue().encode("utf-8"))  # no torn row on a full disk
         if self._writer is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)):

@@ -87,7 +87,11 @@ class FiniteGuard:
         self._step = torch.zeros((), dtype=torch.long, device=device)  # first bad step; 0: none
         self._name = torch.zeros((), dtype=torch.long, device=device)  # index into _names
         self._value = torch.zeros((), dtype=torch.float64, device=device)
+        # which check of its step the first bad value was (0: the step's first): the same code
+        # runs on every rank, so a lower order came first (a NaN that DDP's all-reduce spread)
+        self._order = torch.zeros((), dtype=torch.long, device=device)
         self._names: list[tuple[str, bool]] = []  # (name, whether the value is one number)
+        self._checks = (0, 0)  # (step, values checked in it so far), on the host
 
     def observe(self, value: Tensor, name: str, step: int) -> None:
         """Record whether ``value`` is finite, without reading it on the host.
@@ -101,27 +105,34 @@ class FiniteGuard:
         key = (name, value.numel() == 1)
         if key not in self._names:
             self._names.append(key)
+        order = self._checks[1] if self._checks[0] == step else 0
+        self._checks = (step, order + 1)
         finite = torch.isfinite(value).all().to(self.device, non_blocking=True)
         first = (self._step == 0) & ~finite  # () bool: the first non-finite value so far
         shown = value.reshape(-1)[0] if key[1] else self._value.new_full((), math.nan)
         self._step = torch.where(first, step, self._step)
         self._name = torch.where(first, self._names.index(key), self._name)
         self._value = torch.where(first, shown.to(self._value), self._value)
+        self._order = torch.where(first, order, self._order)
 
     def raise_if_bad(self, *, collective: bool = True) -> None:
         """Raise ``FloatingPointError`` naming the first non-finite value, its step (and rank).
 
         With ``collective`` (every rank must call it at the same point) the flags of every rank
-        are gathered first and the earliest step wins (the lowest rank among equals); without,
-        only this rank's flag is read (after an error, when the other ranks may not come).
+        are gathered first and the earliest step wins, within it the earliest check (a NaN on
+        one rank that DDP's all-reduce spread to the others' next loss is the first rank's),
+        then the lowest rank; without, only this rank's flag is read (after an error, when the
+        other ranks may not come).
         """
-        state = torch.stack([self._step.double(), self._name.double(), self._value])  # (3,)
+        state = torch.stack(
+            [self._step.double(), self._name.double(), self._value, self._order.double()]
+        )  # (4,)
         ranks = world_size() if collective else 1
-        rows = (gather_no_grad(state[None]) if ranks > 1 else state[None]).tolist()  # (R, 3)
-        bad = [(int(row[0]), rank) for rank, row in enumerate(rows) if row[0] > 0]
+        rows = (gather_no_grad(state[None]) if ranks > 1 else state[None]).tolist()  # (R, 4)
+        bad = [(int(row[0]), int(row[3]), rank) for rank, row in enumerate(rows) if row[0] > 0]
         if not bad:
             return
-        step, rank = min(bad)
+        step, _, rank = min(bad)
         names = all_gather_object(self._names) if ranks > 1 else [self._names]
         name, one = names[rank][int(rows[rank][1])]
         shown = f"{rows[rank][2]}" if one else "a tensor with non-finite entries"

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run = open_run(
             cfg.out, Path("runs") / "contragan" / cfg.loss, resume=cfg.resume, rank=env.rank
         )
+        resume = cfg.resume and run.last_checkpoint.is_file()  # none yet: from step 0
         built = build(cfg, device=device, env=env)
         if env.rank == 0:
             save_config(cfg, run.path)
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             device=device,
             evaluate=_grid_saver(run, cfg, built, device),
             evaluate_on_all_ranks=False,  # the grid is drawn once, on rank 0
-            resume=cfg.resume,
+            resume=resume,
             dist_env=env,
             config=cfg,
         )

@@ -25,7 +25,13 @@ from torch.utils.data import Dataset
 
 from graphcl.config import FINETUNE_QUICK as QUICK
 from graphcl.config import FinetuneConfig as Config
-from graphcl.data import MoleculeData, collate_graphs, load_molecules, write_skipped
+from graphcl.data import (
+    MoleculeData,
+    collate_graphs,
+    load_molecules,
+    skipped_summary,
+    write_skipped,
+)
 from graphcl.evaluate import graph_targets, predict, results_table, robustness
 from graphcl.models import finetune_encoder, load_pretrained
 from graphcl.report import open_run
@@ -168,13 +174,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"graphcl finetune: task {kind} for {', '.join(data.target_names)}: {why}")
     data = data._replace(task=kind)
     if cfg.resume:  # the sub-runs hold the checkpoints: the folder itself must exist
-        if cfg.out is None or not (cfg.out / "config.json").is_file():
+        if cfg.out is None:
             raise ValueError("--resume needs --out, the folder of the finetune run to continue")
+        if not cfg.out.is_dir():
+            raise FileNotFoundError(f"cannot resume: the run folder {cfg.out} does not exist")
         run = RunDir(cfg.out.resolve())
+        run.remove_partial_writes()  # a kill inside an atomic write left its temporary file
     else:
         run = open_run(cfg.out, "finetune")
     save_config(cfg, run.path)
     write_skipped(data, run.path / "skipped.csv")
+    if data.skipped:
+        print(skipped_summary(data))
     inits = (["pretrained"] if cfg.encoder is not None else []) + (
         ["scratch"] if cfg.compare_scratch or cfg.encoder is None else []
     )

@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = local_device(device, env)
     try:
         run = open_run(cfg.out, "pretrain", resume=cfg.resume, env=env)
+        resume = cfg.resume and run.last_checkpoint.is_file()  # none yet: from step 0
         built = build(cfg, device=device, env=env)
         if env.rank == 0:
             save_config(cfg, run.path)
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             loop_cfg=loop_cfg,
             run_dir=run,
             device=device,
-            resume=cfg.resume,
+            resume=resume,
             dist_env=env,
             config=cfg,
             end_epoch=joao_end_epoch(built.model),  # JOAO's update, once per epoch

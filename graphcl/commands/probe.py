@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from graphcl.config import ProbeConfig as Config
-from graphcl.data import load_molecules
+from graphcl.data import load_molecules, skipped_summary, write_skipped
 from graphcl.evaluate import embed, probe_features
 from graphcl.models import encoder_from_config, load_pretrained
 from graphcl.report import open_run
@@ -50,12 +50,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     classification = kind == "classification"
     run = open_run(cfg.out, "probe")
     save_config(cfg, run.path)
+    write_skipped(data, run.path / "skipped.csv")
+    if data.skipped:
+        print(skipped_summary(data))
     seed_everything(cfg.seed)
     encoders = {
         "pretrained": encoder.to(device),
         "random_init": encoder_from_config(config).to(device),
     }
-    summary: dict[str, Any] = {"data": data.name, "molecules": len(data.graphs)}
+    summary: dict[str, Any] = {
+        "data": data.name,
+        "molecules": len(data.graphs),
+        "skipped": len(data.skipped),
+    }
     for name, model in encoders.items():
         h = embed(model, data.graphs, device)  # (N, D)
         for t, target in enumerate(data.target_names):

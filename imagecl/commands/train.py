@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = local_device(device, env)
     try:
         run = open_run(cfg.out, cfg.method, resume=cfg.resume, env=env)
+        resume = cfg.resume and run.last_checkpoint.is_file()  # none yet: from step 0
         if env.rank == 0:
             save_config(cfg, run.path)
         built = build(cfg, device=device, env=env)
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 device=device,
                 evaluate=monitor,
                 evaluate_on_all_ranks=True,
-                resume=cfg.resume,
+                resume=resume,
                 dist_env=env,
                 config=cfg,
             )
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 device=device,
                 scheduler=built.scheduler,
                 evaluate=monitor,
-                resume=cfg.resume,
+                resume=resume,
                 dist_env=env,
                 config=cfg,
             )

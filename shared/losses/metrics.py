@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from shared.losses.common import check_features, check_positive, check_same_shape
+from shared.losses.common import check_features, check_positive, check_same_shape, l2_normalize
 
 __all__ = ["alignment", "uniformity"]
 
@@ -24,7 +24,9 @@ def alignment(z1: Tensor, z2: Tensor, *, alpha: float = 2.0) -> Tensor:
     check_same_shape(z1, z2, "z1 and z2")
     check_positive(alpha, "alpha")
     distances: Tensor = (F.normalize(z1, dim=1) - F.normalize(z2, dim=1)).norm(dim=1)  # (N,)
-    return distances.pow(alpha).mean()
+    powered = distances.pow(alpha)
+    # N = 0: 0 with a zero gradient, not the NaN of an empty mean (shared.losses.core's rule)
+    return powered.mean() if powered.numel() else powered.sum()
 
 
 def uniformity(z: Tensor, *, t: float = 2.0) -> Tensor:
@@ -40,5 +42,6 @@ def uniformity(z: Tensor, *, t: float = 2.0) -> Tensor:
     check_positive(t, "t")
     if z.shape[0] < 2:
         raise ValueError(f"uniformity needs at least 2 rows, got {z.shape[0]}")
-    sq_dists = torch.pdist(F.normalize(z, dim=1), p=2).pow(2)  # (N(N−1)/2,)
+    # l2_normalize: fp32 maths (pdist has no bf16 kernel), fp64 stays fp64
+    sq_dists = torch.pdist(l2_normalize(z), p=2).pow(2)  # (N(N−1)/2,)
     return sq_dists.mul(-t).exp().mean().log()

@@ -168,6 +168,12 @@ def test_open_run_names_creates_and_resumes(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--resume needs --out"):
         open_run(None, "x", resume=True)
     with pytest.raises(FileNotFoundError, match="cannot resume"):
-        open_run(tmp_path / "mine" / "a", "unused", resume=True)
+        open_run(tmp_path / "mine" / "typo", "unused", resume=True)  # no such folder
+    # stopped before its first checkpoint: --resume starts it over in place
+    (chosen.path / "config.json").write_text("{}")
+    (chosen.checkpoints / ".last.pt.abc123.tmp").write_bytes(b"cut")  # a write cut short
+    again = open_run(tmp_path / "mine" / "a", "unused", resume=True)
+    assert again == chosen and not again.last_checkpoint.exists()
+    assert sorted(p.name for p in again.path.rglob("*") if p.is_file()) == ["config.json"]
     assert open_run(tmp_path / "other", "unused", rank=1).path == (tmp_path / "other").resolve()
     assert not (tmp_path / "other").exists()  # only rank 0 creates the folder
