@@ -7,6 +7,7 @@ scratch), ``probe`` (frozen embeddings) and ``augment`` (pictures of the augment
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,4 +37,9 @@ PIPELINES: dict[str, tuple[str, PipelineMain]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``graphcl`` command."""
+    # PyG scripts a few functions at import time, which torch >= 2.10 answers with a two-line
+    # deprecation warning the user can do nothing about; it would precede every command's output.
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning
+    )
     return dispatch("graphcl", (__doc__ or "").strip().split("\n")[0], PIPELINES, argv)

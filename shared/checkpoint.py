@@ -62,6 +62,9 @@ def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
         raise _write_error(target, exc) from exc
     tmp = Path(tmp_name)
     try:
+        # mkstemp makes the file private (0600); give it the mode the file had, or the mode a
+        # plain open() would give it, so a shared run folder stays readable to its group.
+        os.fchmod(fd, target.stat().st_mode & 0o7777 if target.exists() else _default_mode())
         with os.fdopen(fd, "w+b") as handle:
             yield handle
             handle.flush()
@@ -74,6 +77,13 @@ def atomic_write(path: PathLike) -> Iterator[IO[bytes]]:
             raise
         raise _write_error(target, cause) from exc
     _fsync_dir(target.parent)
+
+
+def _default_mode() -> int:
+    """``0o666`` less the process's umask: the mode ``open(path, "w")`` creates a file with."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _failed_write(exc: BaseException) -> OSError | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import stat
 from collections import OrderedDict
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -171,3 +173,23 @@ def test_rng_state_values_are_tensors_and_checked() -> None:
     assert all(isinstance(v, torch.Tensor) for v in state.values())
     with pytest.raises(ValueError, match="numpy"):
         set_rng_state({k: v for k, v in state.items() if k != "numpy"})
+
+
+def test_atomic_write_gives_a_new_file_the_umask_mode_and_keeps_an_old_files_mode(
+    tmp_path: Path,
+) -> None:
+    """``mkstemp`` alone would make every checkpoint, summary and report private (0600)."""
+    old = os.umask(0o027)
+    try:
+        with atomic_write(tmp_path / "new.json") as handle:
+            handle.write(b"{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o640
+    kept = tmp_path / "kept.json"
+    kept.write_bytes(b"{}")
+    kept.chmod(0o604)
+    with atomic_write(kept) as handle:
+        handle.write(b"[]")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o604
+    assert kept.read_bytes() == b"[]"
