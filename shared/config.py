@@ -33,6 +33,8 @@ import argparse
 import dataclasses
 import inspect
 import json
+import re
+import sys
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -102,8 +104,8 @@ def parse_config(
         for preset in chosen
         for key, value in presets[preset].items()
     }
-    file_values = read_config_file(cls, known.config) if known.config is not None else {}
-    file_values = {**preset_values, **file_values}
+    from_file = read_config_file(cls, known.config) if known.config is not None else {}
+    file_values = {**preset_values, **from_file}
 
     doc = inspect.getdoc(cls) or ""
     if doc.startswith(f"{cls.__name__}("):
@@ -153,7 +155,16 @@ def parse_config(
         }
     except ValueError as exc:
         parser.error(str(exc))  # exits with status 2 and the usage, like any bad flag
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        # a value the file set (no flag overrode it) that the config refuses: name the file
+        given = sys.argv[1:] if argv is None else argv
+        flags = {a[2:].split("=")[0].replace("-", "_") for a in given if a.startswith("--")}
+        culprits = [key for key in from_file if key not in flags]
+        if any(re.search(rf"\b{key}\b", str(exc)) for key in culprits):
+            raise ValueError(f"config file {known.config}: {exc}") from None
+        raise
 
 
 def read_config_file(cls: type[DataclassInstance], path: str | Path) -> dict[str, Any]:

@@ -128,3 +128,21 @@ def test_config_file_without_a_value_names_the_command(tmp_path: Path) -> None:
         assert outcome.status == 2 and "Traceback" not in outcome.err, outcome
         last = outcome.err.strip().splitlines()[-1]
         assert last.startswith(f"{command.prog}: error: ") and "--config" in last, last
+
+
+@pytest.mark.parametrize("command", DISCOVERED, ids=[c.name for c in DISCOVERED])
+def test_an_out_of_range_value_in_the_file_names_the_file(command: Command, tmp_path: Path) -> None:
+    """The config refuses ``seed: -1`` (``batch_size`` where there is no seed) from the file with
+    the file's name; a flag that overrides the value wins."""
+    names = {f.name for f in dataclasses.fields(command.cls)}
+    field = "seed" if "seed" in names else "batch_size"
+    assert field in names, command.name
+    flag = "--" + field.replace("_", "-")
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"{field}: -1\n")
+    argv = [*command.words, *command.base, "--config", str(path)]
+    _check_one_line(command, run_cli(command.cli, argv), path, (field,))
+    assert run_cli(command.cli, [*argv, flag, "3"]).cfg is not None
+    good = tmp_path / "good.yaml"
+    good.write_text(f"{field}: 3\n")
+    assert run_cli(command.cli, [*command.words, *command.base, "--config", str(good)]).cfg
