@@ -67,6 +67,7 @@ if __package__ in (None, ""):  # run as a script: the repository's packages must
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from shared.checkpoint import load_checkpoint
+from tests.reliability._commands import GAN as TINY_GAN
 
 __all__ = [
     "PIPELINES",
@@ -108,30 +109,7 @@ IMAGE = [
     "--num-workers",
     "0",
 ]
-GAN = [
-    "--data",
-    "digits",
-    "--image-size",
-    "16",
-    "--arch",
-    "digits",
-    "--width",
-    "8",
-    "--batch-size",
-    "16",
-    "--n-dis",
-    "2",
-    "--ema-start",
-    "2",
-    "--ema-decay",
-    "0.9",
-    "--log-every",
-    "1",
-    "--device",
-    "cpu",
-    "--amp",
-    "off",
-]
+GAN = [*TINY_GAN, "--log-every", "1"]  # the tiny networks of the other reliability tests
 
 
 @dataclass(frozen=True)
