@@ -58,7 +58,7 @@ from graphcl.features import LAYOUTS, featurize
 from graphcl.sources import BUNDLED, Plan, plan_source
 from graphcl.splits import Split, random_split, scaffold_split, stratified_split
 from graphcl.targets import TaskKind, parse_targets
-from shared import runs
+from shared import skipped as skipped_inputs
 
 __all__ = [
     "BUNDLED",
@@ -155,7 +155,7 @@ def collate_graphs(graphs: list[Data]) -> Batch:
 
 def write_skipped(data: MoleculeData, path: str | Path) -> None:
     """Write ``skipped.csv`` (columns ``where, text, reason``) atomically."""
-    runs.write_skipped(path, data.skipped, header=("where", "text", "reason"))
+    skipped_inputs.write_skipped(path, data.skipped, header=("where", "text", "reason"))
 
 
 def skipped_summary(data: MoleculeData) -> str:
@@ -164,7 +164,7 @@ def skipped_summary(data: MoleculeData) -> str:
     noun = "graphs" if data.layout == "tu" else "molecules"
     total = len(data.graphs) + len(data.skipped)
     reasons = [reason for _, _, reason in data.skipped]
-    return runs.skipped_line(reasons, total=total, noun=noun, listing="skipped.csv")
+    return skipped_inputs.skipped_line(reasons, total=total, noun=noun, listing="skipped.csv")
 
 
 # --------------------------------------------------------------------------- sources

@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from PIL import Image
 from rdkit import Chem
 from rdkit.Chem import Draw, rdDepictor
 from torch_geometric.data import Data
 from torch_geometric.utils.smiles import e_map, x_map
+
+from shared.checkpoint import atomic_write
 
 __all__ = ["draw_grid", "graph_to_mol"]
 
@@ -90,5 +93,6 @@ def draw_grid(
         drawOptions=options,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(str(path))
+    with atomic_write(path) as handle:  # a full disk keeps the previous drawing whole
+        image.save(handle, format=Image.registered_extensions().get(path.suffix.lower(), "PNG"))
     return path

@@ -16,7 +16,7 @@ from graphcl.data import MoleculeData, collate_graphs
 from graphcl.draw import draw_grid
 from graphcl.evaluate import embed
 from graphcl.features import LAYOUTS
-from shared.plots import plot_loss_curves, plot_tsne
+from shared.plots import plot_loss_curves, plot_tsne, save_figure
 from shared.runs import RunDir
 from shared.runs import open_run as shared_open_run
 from shared.runtime import SINGLE_PROCESS, DistEnv
@@ -99,6 +99,4 @@ def plot_joao(history: list[Tensor], names: tuple[str, ...], path: Path) -> Path
     right.plot(stacked)
     right.set_xlabel("epoch (updates)")
     right.set_ylabel("probability of each pair")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    return path
+    return save_figure(fig, path, dpi=110)

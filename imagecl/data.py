@@ -25,7 +25,8 @@ from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from imagecl.sources import SOURCES, SourceImages, SourceRequest, load_source
-from shared.runs import RunDir, report_skipped, skipped_line
+from shared.runs import RunDir
+from shared.skipped import report_skipped, skipped_line
 
 # every source's name, in the order of --data's choices
 DATASETS: tuple[str, ...] = tuple(SOURCES)

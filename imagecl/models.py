@@ -142,7 +142,7 @@ def load_trained(
             f"{config_path} does not exist: --checkpoint must lie in a run folder written by "
             "imagecl train (run/checkpoints/last.pt beside run/config.json)"
         )
-    cfg = load_config(Config, config_path)
+    cfg = load_config(Config, config_path, command="imagecl train")
     state = load_checkpoint(checkpoint)
     if not isinstance(state.get("model"), dict):
         raise ValueError(

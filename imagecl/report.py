@@ -27,7 +27,7 @@ from imagecl.loco_model import LoCoModel
 from imagecl.models import Built
 from imagecl.networks import ImageModel
 from shared.checkpoint import export_encoder
-from shared.plots import plot_loss_curves, plot_tsne, save_image_grid
+from shared.plots import plot_loss_curves, plot_tsne, save_figure, save_image_grid
 from shared.runs import RunDir, write_report, write_summary
 from shared.runs import open_run as shared_open_run
 from shared.runtime import SINGLE_PROCESS, DistEnv, unwrap
@@ -183,9 +183,7 @@ def plot_accuracies(
     if title:
         ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    return save_figure(fig, path)
 
 
 def finish_run(
@@ -359,6 +357,4 @@ def plot_severity(table: dict[str, dict[int, float]], path: Path, *, clean: floa
     ax.set_ylabel("probe accuracy (%)")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    return save_figure(fig, path)

@@ -10,10 +10,12 @@ than pickled Python objects. See docs/architecture.md, "Safe files".
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
 import re
+import struct
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -129,7 +131,7 @@ def writable_folder(path: PathLike) -> Path:
     folder = Path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-", suffix=".tmp")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
@@ -272,8 +274,27 @@ def export_encoder(
         for name, tensor in module.state_dict().items()
     }
     with atomic_write(target) as handle:
-        handle.write(safetensors.torch.save(tensors, metadata=header))
+        handle.write(_sorted_metadata(safetensors.torch.save(tensors, metadata=header)))
     return target
+
+
+def _sorted_metadata(blob: bytes) -> bytes:
+    """``blob`` (a serialised safetensors file) with its ``__metadata__`` keys in sorted order.
+
+    safetensors writes the metadata from a hash map, so the same export gets its keys in a
+    different order in every process and two exports of equal weights differ in bytes. The
+    header is JSON after an 8-byte little-endian length and padded with spaces; the sorted
+    header has the same characters, so it is padded to the same length and the tensor data
+    after it is unchanged.
+    """
+    (length,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + length])
+    if "__metadata__" in header:
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(text) > length:  # an escape spelled differently from safetensors': keep its header
+        return blob
+    return blob[:8] + text.ljust(length, b" ") + blob[8 + length :]
 
 
 def load_encoder(module: nn.Module, path: PathLike, *, strict: bool = True) -> dict[str, str]:

@@ -7,6 +7,8 @@ import argparse
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
+from shared.runs import discard_unused_runs
+
 __all__ = ["PipelineMain", "dispatch"]
 
 PipelineMain = Callable[[list[str]], object]
@@ -44,7 +46,8 @@ def dispatch(
         known = ", ".join(pipelines) or "none yet"
         parser.error(f"unknown pipeline {ns.pipeline!r} (available: {known})")
     try:
-        pipelines[ns.pipeline][1](list(ns.args))
+        with discard_unused_runs():  # a failed start leaves no empty run folder
+            pipelines[ns.pipeline][1](list(ns.args))
     except (ValueError, OSError, FloatingPointError) as exc:
         # bad input (a missing data set, a changed config on resume, ...), a full disk or a
         # read-only folder, a diverged run (a NaN loss): one clear line

@@ -228,11 +228,30 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())
 
 
-def load_config(cls: type[C], path: str | Path) -> C:
+def load_config(cls: type[C], path: str | Path, *, command: str | None = None) -> C:
     """Build ``cls`` from a YAML/JSON file (e.g. a run's ``config.json``).
 
     Keys missing from the file take the dataclass defaults; unknown keys raise ``ValueError``.
+    ``command`` (say ``"imagecl train"``) marks ``path`` as a run's saved config: keys that
+    command does not know then mean the folder is another command's run (or an older
+    version's), and the error says so instead of listing the valid keys.
     """
+    if command is not None:
+        source = Path(path)
+        try:
+            raw = json.loads(source.read_text(encoding="utf-8")) if source.is_file() else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raw = None  # read_config_file names the problem
+        if isinstance(raw, dict):
+            valid = {f.name for f in dataclasses.fields(cls) if f.init}
+            unknown = sorted(str(key) for key in raw if key not in valid)
+            if unknown:
+                raise ValueError(
+                    f"{source} is not the config of a run of {command}: {len(unknown)} of its keys "
+                    f"are not {command}'s options ({', '.join(map(repr, unknown[:3]))}"
+                    f"{', ...' if len(unknown) > 3 else ''}); is it another command's run, or "
+                    "one from an older version?"
+                )
     return cls(**read_config_file(cls, path))
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -30,6 +30,8 @@ from shared.runtime import DistEnv, autocast_dtype, eval_mode, set_epoch
 from shared.updaters import FiniteGuard, StepContext, Updater
 
 __all__ = ["run_loop"]
+
+T = TypeVar("T")
 
 
 def _is_better(value: float, best: float | None, mode: Literal["min", "max"]) -> bool:
@@ -108,11 +110,40 @@ class _Loop:
         ended = self.updater.end_epoch(progress.epoch)
         return {key: _scalar(value) for key, value in ended.items()}
 
+    def on_main(self, write: Callable[[], T], *, agree: bool = True) -> T | None:
+        """Run ``write`` (a file written by rank 0 alone) on rank 0; return what it returned.
+
+        Rank 0 alone writes the metrics rows, the checkpoints and, when it evaluates alone, the
+        evaluation's files. A write that fails (a full disk) raises an ``OSError`` there, and
+        the other ranks would go on to the next collective and wait for a rank that has gone
+        (gloo ends that wait with "Connection closed by peer" and a traceback, NCCL only at its
+        timeout). With ``agree`` (every rank calls this at the same point), the outcome is
+        exchanged, one small gather under DDP and nothing on one process, and every rank raises
+        rank 0's error: one line, the same on every rank.
+        """
+        result: T | None = None
+        failure: OSError | None = None
+        if self.main:
+            try:
+                result = write()
+            except OSError as exc:
+                if not (agree and self.env.is_distributed):
+                    raise
+                failure = exc
+        if agree and self.env.is_distributed:
+            told = None if failure is None else (failure.errno, failure.strerror or str(failure))
+            outcome = all_gather_object(told)[0]
+            if failure is not None:
+                raise failure
+            if outcome is not None:
+                raise OSError(outcome[0], outcome[1])
+        return result
+
     def checkpoint_last(self, progress: Progress, epoch_rng: dict[str, Tensor]) -> None:
         """Gather every rank's RNG states (a collective: all ranks call it), save on rank 0."""
         per_rank = all_gather_object({"rng": rng_state(), "epoch_rng": epoch_rng})
-        if self.main:
-            self.checkpoints.save(self.run_dir.last_checkpoint, progress, epoch_rng, per_rank)
+        last = self.run_dir.last_checkpoint
+        self.on_main(lambda: self.checkpoints.save(last, progress, epoch_rng, per_rank))
 
     def run_evaluation(self, progress: Progress, epoch_rng: dict[str, Tensor]) -> dict[str, float]:
         """Evaluate in eval mode; keep ``best.pt`` for ``cfg.best_metric``.
@@ -136,8 +167,12 @@ class _Loop:
             raise ValueError(f"best_metric {metric!r} is not among evaluate's {sorted(results)}")
         if _is_better(results[metric], progress.best, self.cfg.best_mode):
             progress.best, progress.best_step = results[metric], progress.step
-            if self.main:
-                self.checkpoints.save(self.run_dir.best_checkpoint, progress, epoch_rng)
+            best = self.run_dir.best_checkpoint
+            # every rank is here when every rank evaluates; else after_step agrees for rank 0
+            self.on_main(
+                lambda: self.checkpoints.save(best, progress, epoch_rng),
+                agree=self.evaluate_on_all_ranks,
+            )
         return results
 
     def after_step(
@@ -175,15 +210,18 @@ class _Loop:
                 raise ValueError(f"end_epoch returned {clash}, which clash with training metrics")
             row.update(ended)
         if evaluate:
-            results = self.run_evaluation(progress, epoch_rng)
+            if self.evaluate_on_all_ranks:  # its collectives, if any, are every rank's
+                results = self.run_evaluation(progress, epoch_rng)
+            else:  # rank 0 alone: its files (a sample grid, best.pt) are agreed on as one write
+                results = self.on_main(lambda: self.run_evaluation(progress, epoch_rng)) or {}
             clash = sorted(set(results) & {"epoch", *metrics, *ended})
             if clash:
                 raise ValueError(f"evaluate returned {clash}, which clash with training metrics")
             row.update(results)
         if row:
             progress.metrics = row
-            if logger is not None:
-                logger.log(step, row)
+        if log or evaluate:  # every rank agrees on rank 0's metrics row (only it has a logger)
+            self.on_main(lambda: logger.log(step, row) if logger is not None and row else None)
         if checkpoint:
             self.checkpoint_last(progress, epoch_rng)
         return row

@@ -26,7 +26,7 @@ from torchvision.utils import save_image
 
 from shared.checkpoint import atomic_write
 
-__all__ = ["plot_loss_curves", "plot_tsne", "save_image_grid"]
+__all__ = ["plot_loss_curves", "plot_tsne", "save_figure", "save_image_grid"]
 
 
 def _prepare(out_path: str | os.PathLike[str]) -> Path:
@@ -35,11 +35,17 @@ def _prepare(out_path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    """Render ``fig`` to ``path`` atomically: a full disk keeps the previous plot and names it."""
+def save_figure(fig: Figure, out_path: str | os.PathLike[str], *, dpi: int = 120) -> Path:
+    """Render ``fig`` with Agg to ``out_path`` (its folders created) atomically.
+
+    The figure is written to a temporary file beside ``out_path`` and renamed over it, so a full
+    disk or a kill keeps the previous figure whole and the error names the file. The format
+    follows the suffix (png when there is none).
+    """
+    path = _prepare(out_path)
     FigureCanvasAgg(fig)  # attaches itself to fig; savefig then renders with Agg
     with atomic_write(path) as handle:
-        fig.savefig(handle, format=path.suffix.lstrip(".") or "png", dpi=120, bbox_inches="tight")
+        fig.savefig(handle, format=path.suffix.lstrip(".") or "png", dpi=dpi, bbox_inches="tight")
     return path
 
 
@@ -104,7 +110,7 @@ def plot_loss_curves(
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel(x_key if x_key in series else "row")
-    return _save(fig, _prepare(out_path))
+    return save_figure(fig, out_path)
 
 
 def plot_tsne(
@@ -177,7 +183,7 @@ def plot_tsne(
     ax.legend(markerscale=2, fontsize="small", loc="best", title="label")
     ax.set_xticks([])
     ax.set_yticks([])
-    return _save(fig, _prepare(out_path))
+    return save_figure(fig, out_path)
 
 
 def save_image_grid(

@@ -14,8 +14,8 @@ import json
 import math
 import shutil
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -29,11 +29,9 @@ from shared.distributed import all_gather_object
 __all__ = [
     "MetricsLogger",
     "RunDir",
+    "discard_unused_runs",
     "open_run",
-    "report_skipped",
-    "skipped_line",
     "write_report",
-    "write_skipped",
     "write_summary",
 ]
 
@@ -83,6 +81,8 @@ class RunDir:
         _check_name("run name", name)
         path = base / name
         run = cls(path)
+        if not path.exists():
+            _CREATED.append(path)
         if resume:
             if not run.last_checkpoint.is_file():
                 raise FileNotFoundError(f"cannot resume: {run.last_checkpoint} does not exist")
@@ -102,8 +102,10 @@ class RunDir:
         """Delete the temporary files of writes a crash cut short; return them.
 
         A process killed inside :func:`~shared.checkpoint.atomic_write` leaves its temporary
-        file (``.<name>.<random>.tmp``, as large as a checkpoint) beside the intact old file;
-        a resumed run calls this first, so kills do not pile them up.
+        file (``.<name>.<random>.tmp``, as large as a checkpoint) beside the intact old file,
+        and one killed while :func:`~shared.checkpoint.writable_folder` probes a folder leaves
+        its empty ``.write-check-<random>.tmp``; a resumed run calls this first, so kills do not
+        pile them up.
         """
         removed = sorted(p for p in self.path.rglob(".*.tmp") if p.is_file())
         for tmp in removed:
@@ -149,6 +151,36 @@ class RunDir:
     @property
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
+
+
+# folders RunDir.create made in this process, in order: discard_unused_runs removes the ones a
+# failed command made and left without a file
+_CREATED: list[Path] = []
+# what a command writes before it has trained or computed anything
+_START_FILES = frozenset({"config.json", SKIPPED_FILE})
+
+
+@contextmanager
+def discard_unused_runs() -> Iterator[None]:
+    """Remove the run folders made inside this block that hold no file when the block fails.
+
+    A command that fails after making its run folder but before it has a result (an unknown
+    data set, an invalid molecule file) would leave empty ``checkpoints/`` and ``plots/`` (and
+    maybe ``config.json``) behind; the CLI runs every command inside this block. A folder that
+    holds anything more (a checkpoint, a metrics row, a plot), or one that existed before, is
+    never touched; the error is re-raised.
+    """
+    start = len(_CREATED)
+    try:
+        yield
+    except BaseException:
+        for path in reversed(_CREATED[start:]):
+            files = [entry for entry in path.rglob("*") if entry.is_file()]
+            if path.is_dir() and all(f.parent == path and f.name in _START_FILES for f in files):
+                shutil.rmtree(path, ignore_errors=True)
+        raise
+    finally:
+        del _CREATED[start:]
 
 
 def open_run(
@@ -337,60 +369,3 @@ def write_report(
     with atomic_write(run.report_path) as handle:
         handle.write(("\n".join(lines).rstrip() + "\n").encode("utf-8"))
     return run.report_path
-
-
-def write_skipped(
-    path: str | Path, rows: Sequence[Sequence[str]], header: Sequence[str] = ("file", "reason")
-) -> Path:
-    """Write the inputs a command left out as a CSV (``header``, then one row each), atomically.
-
-    The file is written even when ``rows`` is empty (header only), so every run folder says
-    whether anything was left out.
-    """
-    if any(len(row) != len(header) for row in rows):
-        raise ValueError(f"every skipped row must have the {len(header)} columns {tuple(header)}")
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    with atomic_write(path) as handle:
-        handle.write(buffer.getvalue().encode("utf-8"))
-    return Path(path)
-
-
-def skipped_line(reasons: Sequence[str], *, total: int, noun: str, listing: str | Path) -> str:
-    """One line for the user: how many inputs were left out, why, and where the list is.
-
-    ``reasons`` holds one reason per left-out input; the text before its first ``:`` (an
-    exception name such as ``UnidentifiedImageError``) is what gets counted. ``total`` counts
-    every input, the left-out ones included. E.g. ``"skipped 2 of 40 image files
-    (UnidentifiedImageError: 1, OSError: 1); the list is in runs/x/skipped.csv"``.
-    """
-    if not reasons:
-        return f"skipped 0 of {total} {noun}"
-    counts = Counter(reason.split(":", 1)[0] for reason in reasons)
-    why = ", ".join(f"{reason}: {count}" for reason, count in counts.most_common())
-    return f"skipped {len(reasons)} of {total} {noun} ({why}); the list is in {listing}"
-
-
-def report_skipped(
-    run_dir: RunDir | str | Path,
-    rows: Sequence[Sequence[str]],
-    *,
-    total: int,
-    noun: str,
-    header: Sequence[str] = ("file", "reason"),
-) -> str | None:
-    """Write ``skipped.csv`` into the run folder and print one line when anything was skipped.
-
-    ``rows`` are the left-out inputs, their reason in the last column; ``total`` counts every
-    input (left-out ones included). Returns the printed line, or ``None`` when nothing was left
-    out (``skipped.csv`` then holds the header only).
-    """
-    run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
-    write_skipped(run.skipped_path, rows, header)
-    if not rows:
-        return None
-    line = skipped_line([row[-1] for row in rows], total=total, noun=noun, listing=run.skipped_path)
-    print(line, flush=True)
-    return line

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import textwrap
@@ -29,6 +28,7 @@ import pytest
 import torch
 
 from shared.checkpoint import load_checkpoint
+from tests.processes import kill_job
 
 WORLD = 2
 TIMEOUT_S = 240  # a hung collective ends here as a failure, not as a stalled test run
@@ -130,7 +130,7 @@ def torchrun(command: list[str], cwd: Path, logs: Path, *options: str) -> Launch
     try:
         output, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks
+        kill_job(proc.pid)  # the launcher and both ranks, each in a session of its own
         proc.communicate()
         pytest.fail(f"{' '.join(command[:2])} under torchrun did not end in {TIMEOUT_S} s")
     ranks = []

@@ -12,17 +12,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from shared.plots import save_figure
 
 __all__ = ["Panel", "heat_map", "line_panels"]
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    return save_figure(fig, path)
 
 
 def heat_map(

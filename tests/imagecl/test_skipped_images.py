@@ -22,7 +22,7 @@ from contragan.commands import train as gan_train
 from imagecl.commands import eval as eval_command
 from imagecl.commands import finetune, train
 from imagecl.data import load_data, report_skipped_images, skipped_summary
-from shared.runs import report_skipped, skipped_line, write_skipped
+from shared.skipped import report_skipped, skipped_line, write_skipped
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (40, 50, 230)}
 PER_CLASS = 44  # 11 test images per class: t-SNE of the test split needs more than 30

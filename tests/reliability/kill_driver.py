@@ -20,7 +20,7 @@ command, made once per pipeline and work folder (``<work>/<pipeline>/reference/`
   equal, except the stored config's ``out`` and ``resume``, which name the folder and the start;
 * ``metrics.csv`` byte for byte (its columns are step, epoch and the logged numbers: there is no
   wall-clock column to leave out), ``summary.json`` (finetune: also ``result.json``) byte for
-  byte, and the exported model's tensors and metadata (not its bytes: see :func:`_safetensors`);
+  byte, and the exported model byte for byte (its header's metadata in sorted order);
 * the list of files in the run folder (a kill during an atomic write must not leave its
   temporary file behind once the run has been resumed).
 
@@ -67,6 +67,7 @@ if __package__ in (None, ""):  # run as a script: the repository's packages must
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from shared.checkpoint import load_checkpoint
+from tests.processes import process_groups
 from tests.reliability._commands import GAN as TINY_GAN
 
 __all__ = [
@@ -571,7 +572,7 @@ class Started:
 
     def collect_groups(self) -> None:
         """Note the process groups :meth:`signal` reaches: the start's and its processes'."""
-        self._groups = [self.pid, *_process_groups(self.pid)]
+        self._groups = [self.pid, *process_groups(self.pid)]
 
     def kill(self) -> bool:
         """SIGKILL every process of the start (torchrun's launcher and every rank); True if it
@@ -602,34 +603,6 @@ class Started:
     def tail(self, lines: int = 25) -> str:
         text = self.log.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
-
-
-def _process_groups(root: int) -> list[int]:
-    """The process groups of every process below ``root`` (Linux: from ``/proc``)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, pgrp, ...
-        parents.setdefault(int(fields[1]), []).append(int(entry))
-    below, todo = [], [root]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            below.append(child)
-            todo.append(child)
-    groups = []
-    for pid in below:
-        try:
-            group = os.getpgid(pid)
-        except ProcessLookupError:
-            continue
-        if group != root and group not in groups:
-            groups.append(group)
-    return groups
 
 
 def pipe_ranks(args: list[str]) -> int:
@@ -946,11 +919,7 @@ def compare_runs(pipe: Pipeline, reference: Path, resumed: Path) -> list[str]:
         differences += [f"{name}: {text}" for text in sorted(found)]
     for name in pipe.same_bytes:
         a, b = reference / name, resumed / name
-        if name.endswith(".safetensors") and a.is_file() and b.is_file():
-            found = []  # the same tensors and header; the header's key order varies by process
-            _same(_safetensors(a), _safetensors(b), name, found)
-            differences += found
-        elif not a.is_file() or not b.is_file() or a.read_bytes() != b.read_bytes():
+        if not a.is_file() or not b.is_file() or a.read_bytes() != b.read_bytes():
             differences.append(f"{name}: {_first_difference(a, b)}")
     ours, theirs = _files(resumed), _files(reference)
     if ours != theirs:
@@ -959,19 +928,6 @@ def compare_runs(pipe: Pipeline, reference: Path, resumed: Path) -> list[str]:
             f"{sorted(theirs - ours)}"
         )
     return differences
-
-
-def _safetensors(path: Path) -> dict[str, Any]:
-    """An exported model: its tensors and its metadata header.
-
-    Not its bytes: safetensors writes the metadata in the order of a Rust hash map, which
-    differs from one process to the next (the same model exported twice differs in bytes)."""
-    import safetensors
-    import safetensors.torch
-
-    with safetensors.safe_open(str(path), framework="pt") as reader:
-        meta = dict(reader.metadata() or {})
-    return {"tensors": safetensors.torch.load_file(str(path)), "metadata": meta}
 
 
 def _first_difference(a: Path, b: Path) -> str:

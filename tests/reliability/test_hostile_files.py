@@ -496,7 +496,7 @@ def test_imagecl_eval_refuses_a_contragan_run_and_checkpoint(
     # a contragan run folder as it is: its config.json is not imagecl's
     gan_checkpoint = _tried(contragan_run[0] / "checkpoints" / "last.pt")
     line = _fails_cleanly(main, ["eval", "--checkpoint", str(gan_checkpoint), *CPU], capsys)
-    assert "config.json" in line
+    assert "config.json is not the config of a run of imagecl train" in line, line
     # a contragan last.pt copied into an imagecl run folder
     run = _run_copy(imagecl_run[0], tmp_path / "run", gan_checkpoint.read_bytes())
     checkpoint = run / "checkpoints" / "last.pt"

@@ -131,6 +131,30 @@ def test_safetensors_export_round_trip_with_tied_weights(tmp_path: Path) -> None
     assert torch.equal(encoder(x), fresh(x))
 
 
+def test_exports_of_the_same_weights_are_the_same_bytes(tmp_path: Path) -> None:
+    """safetensors writes its metadata from a hash map (another key order at every save); the
+    export sorts it, so equal weights give equal files, and nothing else in the file moves."""
+    import safetensors.torch
+
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2))
+    metadata = {f"key{i}": f"value {i} é" for i in range(9)}
+    raw = {safetensors.torch.save(encoder.state_dict(), metadata=metadata) for _ in range(8)}
+    assert len(raw) > 1  # the hash map's order does vary: the test would pass vacuously otherwise
+    files = {
+        export_encoder(encoder, tmp_path / f"e{i}.safetensors", metadata=metadata).read_bytes()
+        for i in range(8)
+    }
+    assert len(files) == 1
+    fresh = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2))
+    meta = load_encoder(fresh, tmp_path / "e0.safetensors")
+    assert {k: v for k, v in meta.items() if k.startswith("key")} == metadata
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(encoder.state_dict().values(), fresh.state_dict().values(), strict=True)
+    )
+
+
 def test_load_encoder_strict_and_errors(tmp_path: Path) -> None:
     path = export_encoder(nn.Linear(4, 4), tmp_path / "e.safetensors")
     with pytest.raises(ValueError, match=r"e\.safetensors does not fit Sequential: missing 2"):

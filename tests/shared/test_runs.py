@@ -5,13 +5,23 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from shared.runs import MetricsLogger, RunDir, open_run, write_report, write_summary
+from shared.checkpoint import writable_folder
+from shared.runs import (
+    MetricsLogger,
+    RunDir,
+    discard_unused_runs,
+    open_run,
+    write_report,
+    write_summary,
+)
 
 
 def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -177,3 +187,34 @@ def test_open_run_names_creates_and_resumes(tmp_path: Path) -> None:
     assert sorted(p.name for p in again.path.rglob("*") if p.is_file()) == ["config.json"]
     assert open_run(tmp_path / "other", "unused", rank=1).path == (tmp_path / "other").resolve()
     assert not (tmp_path / "other").exists()  # only rank 0 creates the folder
+
+
+def test_a_probe_file_left_by_a_kill_is_removed_on_resume(tmp_path: Path) -> None:
+    """writable_folder's probe has the temporary files' pattern, so the resume cleanup finds a
+    probe that a kill left behind (here: made the way the probe makes it)."""
+    run = RunDir.create("p", "r", root=tmp_path)
+    (run.checkpoints / "last.pt").write_bytes(b"x")
+    writable_folder(run.plots)
+    assert not list(run.path.rglob(".write-check-*"))  # the probe removes its own file
+    fd, probe = tempfile.mkstemp(dir=run.plots, prefix=".write-check-", suffix=".tmp")
+    os.close(fd)
+    RunDir.create("p", "r", root=tmp_path, resume=True)
+    assert not Path(probe).exists() and (run.checkpoints / "last.pt").is_file()
+
+
+def test_discard_unused_runs_removes_only_folders_without_files(tmp_path: Path) -> None:
+    before = RunDir.create("p", "before", root=tmp_path)  # made outside the block: kept
+    existing = tmp_path / "p" / "existed"
+    existing.mkdir()
+    with pytest.raises(KeyError, match="stop"), discard_unused_runs():
+        empty = RunDir.create("p", "empty", root=tmp_path)
+        (empty.path / "config.json").write_text("{}")  # written at the start: not a result
+        used = RunDir.create("p", "used", root=tmp_path)
+        (used.plots / "a.png").write_bytes(b"png")
+        RunDir.create("p", "existed", root=tmp_path)  # it was there before the block
+        raise KeyError("stop")
+    assert not empty.path.exists()
+    assert (used.plots / "a.png").is_file() and existing.is_dir() and before.path.is_dir()
+    with discard_unused_runs():  # no error: nothing is removed
+        kept = RunDir.create("p", "kept", root=tmp_path)
+    assert kept.path.is_dir()

@@ -509,6 +509,101 @@ def test_ddp_a_nan_on_one_rank_stops_every_rank_with_the_same_error(tmp_path: Pa
     assert errors[0].startswith("loss is nan at step 2 on rank 1; training stopped")
 
 
+# A write on rank 0 that fails (a full disk): every rank stops with rank 0's one-line error.
+
+
+def _fail_on_rank0(what: str) -> None:
+    """Make rank 0's second write of ``what`` raise ENOSPC, as atomic_write would."""
+    import errno
+
+    import shared.resume
+    import shared.runs
+
+    calls: list[object] = []
+
+    def failing(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def write(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args)
+            if len(calls) == 2:
+                raise OSError(errno.ENOSPC, f"cannot write {name}: No space left on device")
+            return original(*args, **kwargs)
+
+        return write
+
+    if what == "last.pt":
+        original = shared.resume.save_checkpoint  # type: ignore[attr-defined]
+        shared.resume.save_checkpoint = failing(original, "last.pt")
+    elif what == "metrics.csv":
+        log = shared.runs.MetricsLogger.log
+        shared.runs.MetricsLogger.log = failing(log, "metrics.csv")
+
+
+def _ddp_write_failure_worker(rank: int, port: int, folder: str, what: str) -> None:
+    env = _join(rank, port)
+    try:
+        if rank == 0:
+            _fail_on_rank0(what)
+        torch.manual_seed(0)
+        model = wrap_ddp(nn.Linear(4, 1), env)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+        loader = make_loader(_data(16), 2, shuffle=True, seed=0, dist=env)
+        grids: list[int] = []
+
+        def evaluate(module: nn.Module) -> dict[str, float]:  # rank 0 alone: a sample grid
+            grids.append(1)
+            if what == "grid" and len(grids) == 2:
+                raise OSError(28, "cannot write grid.png: No space left on device")
+            return {"score": 1.0}
+
+        cfg = LoopConfig(max_steps=4, log_every=1, eval_every=1, checkpoint_every=1)
+        run = RunDir(Path(folder) / what)
+        try:
+            fit(
+                model,
+                optimizer,
+                loader,
+                _mse_step,
+                loop_cfg=replace(cfg, progress=False),
+                run_dir=run,
+                device=CPU,
+                dist_env=env,
+                evaluate=evaluate,
+                evaluate_on_all_ranks=False,
+            )
+        except OSError as error:
+            (Path(folder) / f"{what}-error{rank}.txt").write_text(str(error))
+    finally:
+        cleanup_distributed()
+
+
+@pytest.mark.parametrize("what", ["last.pt", "metrics.csv", "grid"])
+def test_ddp_a_failed_write_on_rank_0_stops_every_rank_with_its_error(
+    what: str, tmp_path: Path
+) -> None:
+    """Without the agreement rank 1 goes on to the next collective and fails there with gloo's
+    "Connection closed by peer" traceback (NCCL would wait until its timeout)."""
+    RunDir.create("t", what.replace(".", "-"), root=tmp_path)
+    (tmp_path / "t" / what).mkdir(exist_ok=True)
+    RunDir(tmp_path / "t" / what).checkpoints.mkdir(exist_ok=True)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    folder = tmp_path / "t"
+    procs = [
+        ctx.Process(target=_ddp_write_failure_worker, args=(r, port, str(folder), what))
+        for r in range(WORLD)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [proc.exitcode for proc in procs] == [0] * WORLD
+    errors = [(folder / f"{what}-error{r}.txt").read_text() for r in range(WORLD)]
+    assert errors[0] == errors[1], errors
+    assert "No space left on device" in errors[0] and what.split(".")[0] in errors[0]
+    if what == "last.pt":  # the first checkpoint (step 1) is still there and loads
+        assert load_checkpoint(RunDir(folder / what).last_checkpoint)["step"] == 1
+
+
 # The MemoryQueue under DDP: all-gathered by enqueue, never broadcast from rank 0.
 
 
