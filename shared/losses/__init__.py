@@ -7,6 +7,7 @@ gradient (see :mod:`shared.losses.core`).
 
 from shared.losses.conditional import ConditionalContrastiveLoss, conditional_contrastive_loss
 from shared.losses.core import LogSumExps, masked_logsumexp
+from shared.losses.d2d_ce import DataToDataCrossEntropyLoss, data_to_data_cross_entropy_loss
 from shared.losses.generalized import (
     GeneralizedContrastiveLoss,
     generalized_contrastive_loss,
@@ -24,6 +25,7 @@ from shared.losses.supcon import NTXentLoss, SupConLoss, nt_xent_loss, supcon_lo
 
 __all__ = [
     "ConditionalContrastiveLoss",
+    "DataToDataCrossEntropyLoss",
     "GeneralizedContrastiveLoss",
     "GraphCLLoss",
     "InfoNCELoss",
@@ -36,6 +38,7 @@ __all__ = [
     "TripletLoss",
     "alignment",
     "conditional_contrastive_loss",
+    "data_to_data_cross_entropy_loss",
     "generalized_contrastive_loss",
     "graphcl_loss",
     "info_nce_loss",

@@ -361,6 +361,21 @@ def _conditional(x: Inputs) -> Tensor:
         x.features(x.n, x.d),
         x.labels(),
         temperature=x.option(TEMPERATURES),
+        positives=x.option(["all", "proxy"]),
+        block_size=_block(x),
+        reduction=_reduction(x),
+    )
+
+
+def _d2d_ce(x: Inputs) -> Tensor:
+    return losses.data_to_data_cross_entropy_loss(
+        x.features(x.n, x.d),
+        x.features(x.n, x.d),
+        x.labels(),
+        temperature=x.option(TEMPERATURES),
+        margin_pos=x.option([0.98, 0.0, -1.0, 2.0]),
+        margin_neg=x.option([None, 0.02, -1.0, 1.5]),
+        form=x.option(["studiogan", "paper"]),
         block_size=_block(x),
         reduction=_reduction(x),
     )
@@ -455,6 +470,7 @@ LOSSES: dict[str, list[tuple[Callable[[Inputs], Tensor], bool]]] = {
     "info_nce_loss": [(_info_nce, True)],
     "two_view_info_nce_loss": [(_two_view_info_nce, True)],
     "conditional_contrastive_loss": [(_conditional, True)],
+    "data_to_data_cross_entropy_loss": [(_d2d_ce, True)],
     "npairs_loss": [(lambda x: _npairs(x, True), True), (lambda x: _npairs(x, False), False)],
     "triplet_loss": [(lambda x: _triplet(x, True), True), (lambda x: _triplet(x, False), False)],
     "nt_logistic_loss": [

@@ -45,6 +45,7 @@ from shared.distributed import all_reduce_mean, gather_with_grad
 from shared.losses import (
     GeneralizedContrastiveLoss,
     conditional_contrastive_loss,
+    data_to_data_cross_entropy_loss,
     generalized_contrastive_loss,
     graphcl_loss,
     info_nce_loss,
@@ -195,6 +196,19 @@ CASES: dict[str, Case] = {
             *_views(z)[:2], y, temperature=0.5, block_size=b
         )
     ),
+    "conditional_proxy": Case(
+        lambda z, y, b: conditional_contrastive_loss(
+            *_views(z)[:2], y, temperature=0.1, positives="proxy", block_size=b
+        )
+    ),
+    **{
+        f"d2d_ce_{form}": Case(
+            lambda z, y, b, form=form: data_to_data_cross_entropy_loss(
+                *_views(z)[:2], y, form=form, block_size=b
+            )
+        )
+        for form in ("studiogan", "paper")
+    },
     "generalized_decoupled_nt_xent": Case(
         lambda z, y, b: generalized_contrastive_loss(
             *_views(z)[:2], prior="decoupled_nt_xent", lam=0.7, temperature=0.5
@@ -403,6 +417,12 @@ GATHER_LOSSES: dict[str, Callable[[Tensor, Tensor, bool], Tensor]] = {
         z, y, contrast_mode="one", gather=gather, block_size=4
     ),
     "conditional": lambda z, y, gather: conditional_contrastive_loss(
+        z[:, 0], z[:, 1], y, gather=gather
+    ),
+    "conditional_proxy": lambda z, y, gather: conditional_contrastive_loss(
+        z[:, 0], z[:, 1], y, positives="proxy", gather=gather
+    ),
+    "d2d_ce": lambda z, y, gather: data_to_data_cross_entropy_loss(
         z[:, 0], z[:, 1], y, gather=gather
     ),
     "info_nce": lambda z, y, gather: info_nce_loss(z[:, 0], z[:, 1], gather=gather),

@@ -26,6 +26,7 @@ from shared.distributed import (
 from shared.losses import (
     MemoryQueue,
     conditional_contrastive_loss,
+    data_to_data_cross_entropy_loss,
     graphcl_loss,
     info_nce_loss,
     nt_xent_loss,
@@ -57,6 +58,13 @@ def _losses(out: Tensor, labels: Tensor, gather: bool | str) -> dict[str, Tensor
             out.view(-1, 2, D), labels, contrast_mode="one", gather=gather, block_size=2
         ),
         "two_c": conditional_contrastive_loss(out[:, :D], out[:, D:], labels, gather=gather),
+        "two_c_proxy": conditional_contrastive_loss(
+            out[:, :D], out[:, D:], labels, temperature=0.1, positives="proxy", gather=gather
+        ),
+        "d2d_ce": data_to_data_cross_entropy_loss(out[:, :D], out[:, D:], labels, gather=gather),
+        "d2d_ce_paper_blocked": data_to_data_cross_entropy_loss(
+            out[:, :D], out[:, D:], labels, form="paper", gather=gather, block_size=2
+        ),
         "graphcl": graphcl_loss(out[:, :D], out[:, D:], temperature=0.5, gather=gather),
         "graphcl_blocked": graphcl_loss(out[:, D:], out[:, :D], gather=gather, block_size=2),
         "info_nce": info_nce_loss(out[:, :D], out[:, D:], temperature=0.2, gather=gather),

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from shared.losses import (
     conditional_contrastive_loss,
+    data_to_data_cross_entropy_loss,
     generalized_contrastive_loss,
     graphcl_loss,
     info_nce_loss,
@@ -111,6 +112,19 @@ LOSS_CASES: dict[str, Case] = {
     "conditional_contrastive": Case(
         lambda x, b: conditional_contrastive_loss(x.z1, x.z2, x.labels, block_size=b)
     ),
+    "conditional_contrastive_proxy": Case(
+        lambda x, b: conditional_contrastive_loss(
+            x.z1, x.z2, x.labels, positives="proxy", block_size=b
+        )
+    ),
+    **{
+        f"d2d_ce_{form}": Case(
+            lambda x, b, form=form: data_to_data_cross_entropy_loss(
+                x.z1, x.z2, x.labels, form=form, block_size=b
+            )
+        )
+        for form in ("studiogan", "paper")
+    },
     "npairs": Case(lambda x, b: npairs_loss(x.z1, x.z2, block_size=b)),
     "masked_logsumexp_normalised": Case(
         lambda x, b: masked_logsumexp(

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 import shared.losses.core as core
 from shared.losses import (
     ConditionalContrastiveLoss,
+    DataToDataCrossEntropyLoss,
     GeneralizedContrastiveLoss,
     GraphCLLoss,
     NPairsLoss,
@@ -29,6 +30,7 @@ from shared.losses import (
     SupConLoss,
     TripletLoss,
     conditional_contrastive_loss,
+    data_to_data_cross_entropy_loss,
     generalized_contrastive_loss,
     graphcl_loss,
     masked_logsumexp,
@@ -517,6 +519,11 @@ def test_low_precision_autocast_stays_finite(amp_dtype: torch.dtype) -> None:
             supcon_loss(z.view(32, 2, 16), labels, temperature=0.05, variant="in"),
             nt_xent_loss(z[:32], z[32:], temperature=0.05),
             conditional_contrastive_loss(z[:32], z[32:], labels, temperature=0.05),
+            conditional_contrastive_loss(
+                z[:32], z[32:], labels, temperature=0.05, positives="proxy"
+            ),
+            data_to_data_cross_entropy_loss(z[:32], z[32:], labels, temperature=0.05),
+            data_to_data_cross_entropy_loss(z[:32], z[32:], labels, temperature=0.05, form="paper"),
             graphcl_loss(z[:32], z[32:], temperature=0.05),
         ]
     for loss in losses:
@@ -598,6 +605,8 @@ def test_modules_delegate_to_the_functions() -> None:
     )
     two_c = ConditionalContrastiveLoss(0.5)(z1, z2, labels).item()
     assert two_c == conditional_contrastive_loss(z1, z2, labels, temperature=0.5).item()
+    d2d_ce = DataToDataCrossEntropyLoss(0.3)(z1, z2, labels).item()
+    assert d2d_ce == data_to_data_cross_entropy_loss(z1, z2, labels, temperature=0.3).item()
 
 
 def test_supcon_rows_hold_each_anchors_positives() -> None:
@@ -640,6 +649,27 @@ EMPTY_CASES: dict[str, EmptyCase] = {
     "triplet": (lambda x, y, r: triplet_loss(x[:, 0], x[:, 1], x[:, 2], reduction=r), (0,)),
     "two_c": (
         lambda x, y, r: conditional_contrastive_loss(x[:, 0], x[:, 1], y, reduction=r),
+        (0,),
+    ),
+    "two_c_proxy": (
+        lambda x, y, r: conditional_contrastive_loss(
+            x[:, 0], x[:, 1], y, positives="proxy", reduction=r
+        ),
+        (0,),
+    ),
+    **{
+        f"d2d_ce_{form}": (
+            lambda x, y, r, form=form: data_to_data_cross_entropy_loss(
+                x[:, 0], x[:, 1], y, form=form, reduction=r
+            ),
+            (0,),
+        )
+        for form in ("studiogan", "paper")
+    },
+    "d2d_ce_blockwise": (
+        lambda x, y, r: data_to_data_cross_entropy_loss(
+            x[:, 0], x[:, 1], y, block_size=2, reduction=r
+        ),
         (0,),
     ),
     **{
@@ -738,6 +768,12 @@ GATHER_LOSSES: dict[str, Callable[[Tensor, Tensor, bool], Tensor]] = {
     ),
     "supcon_one_simclr": lambda x, y, gather: supcon_loss(x, contrast_mode="one", gather=gather),
     "two_c": lambda x, y, gather: conditional_contrastive_loss(x[:, 0], x[:, 1], y, gather=gather),
+    "two_c_proxy": lambda x, y, gather: conditional_contrastive_loss(
+        x[:, 0], x[:, 1], y, positives="proxy", gather=gather
+    ),
+    "d2d_ce": lambda x, y, gather: data_to_data_cross_entropy_loss(
+        x[:, 0], x[:, 1], y, gather=gather
+    ),
 }
 
 
@@ -818,7 +854,12 @@ WRAPPERS: list[tuple[type[nn.Module], Callable[..., Tensor], str, dict[str, Any]
         "margin": 0.5, "normalize": False, "reduction": "none",
     }),
     (ConditionalContrastiveLoss, conditional_contrastive_loss, "pair_labels", {
-        "temperature": 0.3, "gather": True, "block_size": 2, "reduction": "none",
+        "temperature": 0.3, "positives": "proxy", "gather": True, "block_size": 2,
+        "reduction": "none",
+    }),
+    (DataToDataCrossEntropyLoss, data_to_data_cross_entropy_loss, "pair_labels", {
+        "temperature": 0.3, "margin_pos": 0.7, "margin_neg": 0.1, "form": "paper",
+        "gather": True, "block_size": 2, "reduction": "none",
     }),
     (GeneralizedContrastiveLoss, generalized_contrastive_loss, "pair", {
         "prior": "normal", "lam": 0.5, "temperature": 0.3, "scale": 2.0, "generator": 7,
@@ -871,6 +912,11 @@ def test_module_wrappers_expose_every_option_of_their_function(
         (lambda: TripletLoss(reduction="avg"), "reduction must be one of"),
         (lambda: ConditionalContrastiveLoss(reduction="avg"), "reduction must be one of"),
         (lambda: ConditionalContrastiveLoss(block_size=0), "block_size must be a positive int"),
+        (lambda: ConditionalContrastiveLoss(positives="same"), "positives must be one of"),
+        (lambda: DataToDataCrossEntropyLoss(reduction="avg"), "reduction must be one of"),
+        (lambda: DataToDataCrossEntropyLoss(block_size=0), "block_size must be a positive int"),
+        (lambda: DataToDataCrossEntropyLoss(margin_neg=math.nan), "margin_neg must be a finite"),
+        (lambda: DataToDataCrossEntropyLoss(temperature=0.0), "temperature must be"),
         (lambda: GeneralizedContrastiveLoss(scale=float("nan")), "scale must be a finite number"),
         (lambda: GeneralizedContrastiveLoss(seed=1.5), "seed must be an int or None, got 1.5"),
     ],
