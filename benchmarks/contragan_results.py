@@ -1,22 +1,32 @@
-"""ContraGAN against ProjGAN against ACGAN: same networks, same budget, several seeds.
+"""Class-conditional GANs side by side: same networks, same budget, several seeds.
 
-Trains ``contragan train`` with ``--loss contra|proj|ac`` on one data set (digits by default,
-the small networks, ``--steps`` G steps of batch 64 with ``--n-dis`` D steps each) for every
-seed, evaluates each run's EMA generator with ``contragan evaluate`` (one generated set per
-run), and prints every figure as mean ± std over the training seeds next to real-vs-real
-(train images against the test split, over the same seeds). Run folders (with their sample
-grids) go to ``runs/bench/contragan/<data>-<loss>-s<seed>``; runs already finished are
-evaluated again but not retrained.
+Trains ``contragan train`` for every variant of :data:`VARIANTS` (faithful ContraGAN, ContraGAN
+with proxy-only positives, ReACGAN's D2D-CE, ProjGAN, ACGAN) on each data set (the small digits
+networks, ``--steps`` G steps of batch 64 with ``--n-dis`` D steps each, ``--image-size``
+pixels) for every seed, evaluates each run's EMA generator with ``contragan evaluate`` (one
+generated set per run) and prints every figure as mean ± std over the training seeds next to
+real-vs-real (train images against the test split, over the same seeds).
 
-    python benchmarks/contragan_results.py                    # digits, 3 seeds, 600 steps
-    python benchmarks/contragan_results.py --data digits-m --steps 600
+``--curve`` first trains ProjGAN (seed 0) in segments, resuming the same run, and evaluates it
+after each, so the table shows where its GAN-test levels off: the budget of the comparison
+should lie there.
+
+Run folders (each with its sample grid, ``plots/samples.png``) go to
+``<root>/<data>-<variant>-s<seed>``; the grids are also copied to ``<root>/grids/``, and the
+tables to ``<root>/results.md``. Finished runs and evaluations are read back, not redone.
+
+    python benchmarks/contragan_results.py                      # digits and digits-m, 3 seeds
+    python benchmarks/contragan_results.py --data digits --seeds 1 --steps 400 --variants proj
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import shutil
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +36,17 @@ from contragan.commands.evaluate import main as evaluate_main
 from contragan.commands.train import main as train_main
 from contragan.report import FIGURES
 
-LOSSES = ("contra", "proj", "ac")
+# variant -> (what it is, its contragan train options)
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "contra": ("ContraGAN: 2C, data-to-data positives, τ 1 (the paper)", ["--loss", "contra"]),
+    "contra-proxy": (
+        "ContraGAN: 2C with proxy-only positives, τ 0.1",
+        ["--loss", "contra", "--class-positives", "proxy", "--tau", "0.1"],
+    ),
+    "reacgan": ("ReACGAN: D2D-CE, λ 0.5, m_p 0.98, τ 0.5", ["--loss", "reacgan"]),
+    "proj": ("ProjGAN: projection discriminator", ["--loss", "proj"]),
+    "ac": ("ACGAN: auxiliary classifier on real and fake", ["--loss", "ac"]),
+}
 
 
 def _mean_std(values: list[float]) -> str:
@@ -37,70 +57,155 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(finite):.4g} ± {std:.2g}"
 
 
+def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any) -> float:
+    """Train (or continue, up to ``steps``) one run; return the seconds it took (0: done)."""
+    last = out / "checkpoints" / "last.pt"
+    if (out / "summary.json").is_file():
+        done = json.loads((out / "summary.json").read_text()).get("steps")
+        if done == steps:
+            return 0.0
+    start = time.perf_counter()
+    train_main(
+        [
+            "--quick",
+            "--data",
+            data,
+            *VARIANTS[variant][1],
+            "--seed",
+            str(seed),
+            "--image-size",
+            str(args.image_size),
+            "--max-steps",
+            str(steps),
+            "--n-dis",
+            str(args.n_dis),
+            "--eval-every",
+            str(max(1, steps // 4)),
+            "--checkpoint-every",
+            str(max(1, steps // 4)),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--no-progress",
+            *(["--resume"] if last.is_file() else []),
+        ]
+    )
+    return time.perf_counter() - start
+
+
+def _evaluate(checkpoint: Path, out: Path, seed: int, args: Any) -> dict[str, Any]:
+    """``contragan evaluate`` into ``out``, or its summary when it has run already."""
+    if (out / "summary.json").is_file():
+        summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+        return summary
+    if out.exists():
+        shutil.rmtree(out)  # an evaluation cut short
+    return evaluate_main(
+        [
+            "--checkpoint",
+            str(checkpoint),
+            "--seeds",
+            "1",
+            "--seed",
+            str(seed),
+            "--cas-epochs",
+            str(args.cas_epochs),
+            "--cache-dir",
+            str(args.root / "extractors"),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
+
+
+def _curve(data: str, args: Any, lines: list[str]) -> None:
+    """ProjGAN's GAN-test and FD after each segment of one run (seed 0)."""
+    out = args.root / f"{data}-proj-curve-s0"
+    lines += [
+        f"\n### {data}: ProjGAN (seed 0) after each segment of one run\n",
+        "| G steps | GAN-test | CAS | FD |",
+        "|---|---|---|---|",
+    ]
+    for steps in args.curve:
+        _train(out, data, "proj", 0, steps, args)
+        figures = _evaluate(out / "checkpoints" / "last.pt", out / f"eval-{steps}", 0, args)
+        lines.append(
+            f"| {steps} | {figures['gan_test_acc']:.3f} | {figures['cas_acc']:.3f} | "
+            f"{figures['fd']:.4g} |"
+        )
+        print(lines[-1], flush=True)
+
+
+def _table(data: str, args: Any, lines: list[str]) -> None:
+    results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in args.variants}
+    seconds: dict[str, list[float]] = {variant: [] for variant in args.variants}
+    grids = args.root / "grids"
+    grids.mkdir(parents=True, exist_ok=True)
+    for seed in range(args.seeds):
+        for variant in args.variants:
+            out = args.root / f"{data}-{variant}-s{seed}"
+            took = _train(out, data, variant, seed, args.steps, args)
+            if took:
+                seconds[variant].append(took)
+            figures = _evaluate(out / "checkpoints" / "last.pt", out / "evaluation", seed, args)
+            results[variant].append(figures)
+            shutil.copy(out / "plots" / "samples.png", grids / f"{data}-{variant}-s{seed}.png")
+            print(
+                f"{data} {variant} seed {seed}: GAN-test {figures['gan_test_acc']:.3f}, "
+                f"CAS {figures['cas_acc']:.3f}, FD {figures['fd']:.4g}",
+                flush=True,
+            )
+    first = results[args.variants[0]]
+    lines += [
+        f"\n### {data}: {args.steps} G steps × {args.n_dis} D steps, batch 64, "
+        f"{args.image_size}×{args.image_size}, {args.seeds} seeds (mean ± std over training "
+        f"seeds); extractor test accuracy {100 * first[0]['extractor_test_accuracy']:.1f} %\n",
+        "| figure | better | " + " | ".join(args.variants) + " | real vs real |",
+        "|---|---|" + "---|" * (len(args.variants) + 1),
+    ]
+    for key, better in FIGURES.items():
+        cells = [_mean_std([r[key] for r in results[variant]]) for variant in args.variants]
+        real = _mean_std([r[f"real_{key}"] for r in first])
+        lines.append(f"| {key} | {better} | " + " | ".join(cells) + f" | {real} |")
+    took = [
+        f"{variant} {statistics.fmean(seconds[variant]):.0f} s"
+        for variant in args.variants
+        if seconds[variant]
+    ]
+    if took:
+        lines.append(f"\ntraining time per run (this invocation): {', '.join(took)}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default="digits")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--data", nargs="+", default=["digits", "digits-m"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--n-dis", type=int, default=2)
+    parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--cas-epochs", type=int, default=12)
+    parser.add_argument(
+        "--curve",
+        type=lambda text: [int(s) for s in text.split(",")],
+        default=[],
+        help="comma-separated G steps at which ProjGAN (seed 0) is evaluated, e.g. 500,1000",
+    )
     parser.add_argument("--root", type=Path, default=Path("runs/bench/contragan"))
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    results: dict[str, list[dict[str, Any]]] = {loss: [] for loss in LOSSES}
-    for seed in range(args.seeds):
-        for loss in LOSSES:
-            out = args.root / f"{args.data}-{loss}-s{seed}"
-            if not (out / "summary.json").is_file():
-                train_main(
-                    [
-                        "--quick",
-                        "--data",
-                        args.data,
-                        "--loss",
-                        loss,
-                        "--seed",
-                        str(seed),
-                        "--max-steps",
-                        str(args.steps),
-                        "--n-dis",
-                        str(args.n_dis),
-                        "--eval-every",
-                        str(max(1, args.steps // 4)),
-                        "--out",
-                        str(out),
-                        "--no-progress",
-                    ]
-                )
-            results[loss].append(
-                evaluate_main(
-                    [
-                        "--checkpoint",
-                        str(out / "checkpoints" / "last.pt"),
-                        "--seeds",
-                        "1",
-                        "--seed",
-                        str(seed),
-                        "--cas-epochs",
-                        str(args.cas_epochs),
-                        "--cache-dir",
-                        str(args.root / "extractors"),
-                    ]
-                )
-            )
-    first = results[LOSSES[0]]
-    header = "| figure | better | " + " | ".join(LOSSES) + " | real vs real |"
-    print(
-        f"\n{args.data}: {args.steps} G steps × {args.n_dis} D steps, batch 64, "
-        f"{args.seeds} seeds (mean ± std over training seeds); extractor test accuracy "
-        f"{100 * first[0]['extractor_test_accuracy']:.1f} %\n"
-    )
-    print(header)
-    print("|---|---|" + "---|" * (len(LOSSES) + 1))
-    for key, better in FIGURES.items():
-        cells = [_mean_std([r[key] for r in results[loss]]) for loss in LOSSES]
-        real = _mean_std([r[f"real_{key}"] for r in first])
-        print(f"| {key} | {better} | " + " | ".join(cells) + f" | {real} |")
+    lines = ["\n".join(f"- `{name}`: {text}" for name, (text, _) in VARIANTS.items())]
+    for data in args.data:
+        if args.curve:
+            _curve(data, args, lines)
+        _table(data, args, lines)
+    text = "\n".join(lines) + "\n"
+    args.root.mkdir(parents=True, exist_ok=True)
+    (args.root / "results.md").write_text(text, encoding="utf-8")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["ARCHS", "LOSSES", "GanArch", "GanLoss"]
+__all__ = ["ARCHS", "CONTRASTIVE_LOSSES", "LOSSES", "GanArch", "GanLoss"]
 
-GanLoss = Literal["contra", "proj", "ac"]
+GanLoss = Literal["contra", "reacgan", "proj", "ac"]
 ARCHS = ("digits", "resnet32")
-LOSSES = ("contra", "proj", "ac")
+LOSSES = ("contra", "reacgan", "proj", "ac")
+# the methods whose class term contrasts D's embedding with a class proxy (the same head)
+CONTRASTIVE_LOSSES = ("contra", "reacgan")
 
 _SIZES = (
     "image_size",
@@ -58,10 +60,10 @@ class GanArch:
     block i's conditional batch norm gets ``[shared(y), chunk_{i+1}]``; without it z goes
     whole into the linear and the batch norms get ``shared(y)`` alone.
 
-    ``embed_dim`` is the width of :class:`DiscOutput`'s embedding and proxy: the 2C projection
-    dim for ``"contra"`` (512 in the reference); for ``"proj"`` and ``"ac"`` those are h and
-    its class vector, so ``embed_dim`` must equal the trunk width ``feature_dim`` (the
-    constructors set it).
+    ``embed_dim`` is the width of :class:`DiscOutput`'s embedding and proxy: the projection dim
+    of the contrastive head for ``"contra"`` and ``"reacgan"`` (512 in the reference, both
+    methods); for ``"proj"`` and ``"ac"`` those are h and its class vector, so ``embed_dim``
+    must equal the trunk width ``feature_dim`` (the constructors set it).
     """
 
     name: str
@@ -99,7 +101,7 @@ class GanArch:
                 "self-attention needs >= 8 channels: g_channels >= 2 and d_channels >= 4, got "
                 f"{self.g_channels} and {self.d_channels}"
             )
-        if self.loss != "contra" and self.embed_dim != self.feature_dim:
+        if self.loss not in CONTRASTIVE_LOSSES and self.embed_dim != self.feature_dim:
             raise ValueError(
                 f"for loss={self.loss!r} the embedding and proxy are h and its class vector, so "
                 f"embed_dim must equal the trunk width {self.feature_dim}, got {self.embed_dim}"
@@ -116,7 +118,7 @@ class GanArch:
         g_channels: int = 32,
         d_channels: int = 32,
     ) -> GanArch:
-        """The small CPU configuration: z 64, base widths 32, shared embedding 32, 2C dim 128.
+        """The small CPU configuration: z 64, base widths 32, shared embedding 32, embedding 128.
 
         Other widths keep ``embed_dim`` consistent (the trunk width for proj/ac)."""
         return cls._with_heads(
@@ -143,7 +145,8 @@ class GanArch:
         g_channels: int = 96,
         d_channels: int = 96,
     ) -> GanArch:
-        """StudioGAN's CIFAR-10 ContraGAN: z 80 in 4 chunks, shared 128, widths 96, 2C dim 512.
+        """StudioGAN's CIFAR-10 ContraGAN/ReACGAN: z 80 in 4 chunks, shared 128, widths 96,
+        embedding 512.
 
         Other widths keep ``embed_dim`` consistent (the trunk width for proj/ac)."""
         return cls._with_heads(
@@ -185,7 +188,7 @@ class GanArch:
             g_channels=g_channels,
             d_channels=d_channels,
             shared_dim=shared_dim,
-            embed_dim=contra_dim if loss == "contra" else width,
+            embed_dim=contra_dim if loss in CONTRASTIVE_LOSSES else width,
             attention=True,
             hierarchical_z=True,
             loss=loss,

@@ -1,8 +1,8 @@
 """The ``contragan`` console script: ``contragan <command> [options]``.
 
-``train`` (ContraGAN with the 2C loss, or the ProjGAN/ACGAN baselines), ``sample`` (a grid of
-class-conditional samples from a checkpoint) and ``evaluate`` (offline metrics next to their
-real-vs-real baselines).
+``train`` (ContraGAN with the 2C loss, ReACGAN with D2D-CE, or the ProjGAN/ACGAN baselines),
+``sample`` (a grid of class-conditional samples from a checkpoint) and ``evaluate`` (offline
+metrics next to their real-vs-real baselines).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _evaluate(argv: list[str]) -> Any:
 
 # name -> (one-line help, main(argv))
 PIPELINES: dict[str, tuple[str, PipelineMain]] = {
-    "train": ("train a class-conditional GAN: --loss contra|proj|ac", _train),
+    "train": ("train a class-conditional GAN: --loss contra|reacgan|proj|ac", _train),
     "sample": ("a grid of samples per class from a checkpoint", _sample),
     "evaluate": ("offline metrics (FD, KID, P/R, D/C, GAN-test, CAS) vs real-vs-real", _evaluate),
 }

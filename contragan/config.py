@@ -15,14 +15,23 @@ from typing import Any, Literal
 
 from contragan.arch import GanLoss
 from contragan.data import GanData
-from contragan.losses import AdvLoss
+from contragan.losses import AdvLoss, ClassPositives, LossSettings
+from shared.config import config_to_dict
 
-__all__ = ["EVALUATE_QUICK", "QUICK", "Config", "EvaluateConfig", "SampleConfig"]
+__all__ = [
+    "EVALUATE_QUICK",
+    "QUICK",
+    "Config",
+    "EvaluateConfig",
+    "SampleConfig",
+    "resume_config",
+]
 
 
 @dataclass(frozen=True)
 class Config:
-    """Train a class-conditional GAN: ContraGAN (2C loss) or the ProjGAN/ACGAN baselines."""
+    """Train a class-conditional GAN: ContraGAN (2C loss), ReACGAN (D2D-CE) or the ProjGAN/ACGAN
+    baselines."""
 
     # group: data
     data: GanData = "cifar10"
@@ -41,12 +50,25 @@ class Config:
     """base channels of G and D, >= 1; none: the arch's (resnet32 96, digits 32)"""
     # group: method
     loss: GanLoss = "contra"
-    """contra (ContraGAN: adversarial + 2C loss), proj (projection D, ProjGAN) or ac (auxiliary
-    classifier, ACGAN)"""
+    """contra (ContraGAN: adversarial + 2C loss), reacgan (ReACGAN: adversarial + D2D-CE), proj
+    (projection D, ProjGAN) or ac (auxiliary classifier, ACGAN)"""
     adv_loss: AdvLoss = "hinge"  # the adversarial loss: hinge (ContraGAN's) or nonsaturating
-    lambda_2c: float = 1.0  # contra: weight of the 2C loss, >= 0 (1 in every reference config)
-    tau: float = 1.0  # contra: temperature of the 2C loss, > 0 (1 in every reference config)
+    lambda_2c: float | None = None
+    """contra, reacgan: weight λ of the class loss (2C, D2D-CE), >= 0; none: the method's
+    reference value, contra 1, reacgan 0.5"""
+    tau: float | None = None
+    """contra, reacgan: temperature τ of the class loss, > 0; none: the method's reference
+    value, contra 1, reacgan 0.5"""
+    class_positives: ClassPositives = "all"
+    """contra: the 2C numerator: all (the paper: the class proxy and every same-class sample)
+    or proxy (the proxy alone; StudioGAN's former pos_collected_numerator: false)"""
+    margin_pos: float | None = None
+    """reacgan: D2D-CE's positive margin m_p in [0, 1], the negative margin being 1 − m_p;
+    none: 0.98 (ReACGAN's CIFAR-10 config)"""
     ac_weight: float = 1.0  # ac: weight of the classification loss, >= 0
+    ac_fakes: bool = True
+    """ac: D's classifier also learns from fakes (the paper; StudioGAN until 2021);
+    --no-ac-fakes: from real images only (StudioGAN since November 2021)"""
     diffaug: str | None = None
     """DiffAugment policies for D's real and fake images, comma-separated from color,
     translation, cutout; none: off"""
@@ -89,10 +111,10 @@ class Config:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or none, got {getattr(self, name)}")
         for name in ("g_lr", "d_lr", "tau"):
-            if not getattr(self, name) > 0:
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("lambda_2c", "ac_weight", "ema_start", "num_workers", "seed"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and 0 <= self.ema_decay < 1):
             raise ValueError(
@@ -103,6 +125,62 @@ class Config:
             raise ValueError(f"width must be >= 1 or None, got {self.width}")
         if self.epochs is None and self.max_steps is None:
             raise ValueError("give epochs or max_steps")
+        self._check_class_options()
+        _ = self.loss_settings  # LossSettings checks what the losses read (m_p, NaN λ, ...)
+
+    def _check_class_options(self) -> None:
+        """A class option given with a loss it does not apply to is refused (not ignored)."""
+        if self.class_positives != "all" and self.loss != "contra":
+            raise ValueError(
+                f"class_positives applies to loss contra only, got loss {self.loss!r}: drop "
+                "--class-positives"
+            )
+        if self.margin_pos is not None and self.loss != "reacgan":
+            raise ValueError(
+                f"margin_pos applies to loss reacgan only, got loss {self.loss!r}: drop "
+                "--margin-pos"
+            )
+        if not self.ac_fakes and self.loss != "ac":
+            raise ValueError(
+                f"ac_fakes applies to loss ac only, got loss {self.loss!r}: drop --no-ac-fakes"
+            )
+
+    @property
+    def loss_settings(self) -> LossSettings:
+        """What D's and G's losses read, unset λ, τ and m_p resolved to the method's reference
+        values (:meth:`contragan.losses.LossSettings.resolve`); ``gather`` is off (``build``
+        turns it on under DDP)."""
+        return LossSettings.resolve(
+            self.loss,
+            adv=self.adv_loss,
+            lambda_2c=self.lambda_2c,
+            tau=self.tau,
+            ac_weight=self.ac_weight,
+            class_positives=self.class_positives,
+            margin_pos=self.margin_pos,
+            ac_fakes=self.ac_fakes,
+        )
+
+
+# options added with ReACGAN, at the value that reproduces what came before them
+_ADDED_LATER: dict[str, Any] = {"class_positives": "all", "margin_pos": None, "ac_fakes": True}
+
+
+def resume_config(cfg: Config) -> dict[str, Any]:
+    """What a checkpoint stores and a resume compares: ``cfg`` with λ and τ as the losses use
+    them (resolved) and the options added with ReACGAN left out where they keep their default
+    (reacgan's m_p resolved). A run folder written before them (λ = τ = 1 stored, those
+    options absent) resumes with its own flags, and unset λ and τ compare equal to their
+    reference values given explicitly."""
+    plain = config_to_dict(cfg)
+    settings = cfg.loss_settings
+    plain["lambda_2c"], plain["tau"] = settings.lambda_2c, settings.tau
+    for name, default in _ADDED_LATER.items():
+        if plain[name] == default:
+            del plain[name]
+    if cfg.loss == "reacgan":
+        plain["margin_pos"] = settings.margin_pos
+    return plain
 
 
 # The digits networks at 32×32, batch 64, 2 D steps per G step.

@@ -9,7 +9,8 @@
 - The SAGAN self-attention block (Zhang et al. 2019) as BigGAN writes it: C/8 query and key
   channels, C/2 value channels, keys and values max-pooled 2×2, learnable ``γ`` starting at 0.
 - The generator's up-sampling residual block and the discriminator's down-sampling blocks.
-- Orthogonal initialisation (Saxe et al. 2014), which BigGAN and StudioGAN use for G and D.
+- Orthogonal initialisation (Saxe et al. 2014) with zero biases, which BigGAN and StudioGAN use
+  for G and D.
 """
 
 from __future__ import annotations
@@ -65,18 +66,25 @@ _ORTHOGONAL_TYPES = (nn.Conv2d, nn.Linear, nn.Embedding)
 
 
 def orthogonal_init_(module: nn.Module) -> nn.Module:
-    """Orthogonal weights for every conv, linear and embedding inside ``module``, in place.
+    """Orthogonal weights and zero biases for every conv, linear and embedding in ``module``.
 
-    Biases are left as they are (PyTorch's default). A spectrally normalised layer gets its
-    *original* weight re-initialised and then 15 power iterations, as at registration, so its
-    σ estimate matches the new weight even in eval mode (``nn.init.orthogonal_(m.weight)`` on
-    such a layer would only overwrite a computed tensor and leave the parameter untouched).
+    In place. The biases are zeroed as StudioGAN's ``init_weights`` does under ``init: ortho``;
+    PyTorch's default biases (uniform in ±1/√fan_in) kept in every conv and linear of G and D
+    make D's embeddings of G's first fakes nearly coincide (mean pairwise cosine 0.98-0.996
+    against 0.86-0.97 with zero biases, digits networks, seeds 0-4). An embedding has no bias.
+    A spectrally normalised layer gets its *original* weight re-initialised and then 15 power
+    iterations, as at registration, so its σ estimate matches the new weight even in eval mode
+    (``nn.init.orthogonal_(m.weight)`` on such a layer would only overwrite a computed tensor
+    and leave the parameter untouched).
 
     Returns ``module`` for chaining.
     """
     targets = [m for m in module.modules() if isinstance(m, _ORTHOGONAL_TYPES)]
     with torch.no_grad():
         for layer in targets:
+            bias = getattr(layer, "bias", None)
+            if isinstance(bias, Tensor):
+                bias.zero_()
             if not parametrize.is_parametrized(layer, "weight"):
                 nn.init.orthogonal_(layer.weight)
                 continue

@@ -6,18 +6,31 @@ The class terms, on the same networks (:mod:`contragan.networks`):
   :func:`shared.losses.conditional_contrastive_loss` on the discriminator's embeddings and
   class proxies, on real images in D's loss and on fakes (with their conditioning labels) in
   G's loss, weighted by λ (``lambda_2c``) at temperature τ; λ = 1 and τ = 1 in every reference
-  config. ``gather=True`` under DDP, so every rank's samples are contrasts.
+  config. ``class_positives="all"`` is the paper's numerator (the proxy and every same-class
+  embedding); ``"proxy"`` keeps the proxy alone there (StudioGAN's former
+  ``pos_collected_numerator: false``), the same-class embeddings staying in the denominator.
+- ``"reacgan"`` (ReACGAN, Kang et al. 2021): the same embeddings and proxies, with D2D-CE
+  (:func:`shared.losses.data_to_data_cross_entropy_loss`) in place of 2C: the proxy is the only
+  positive, same-class samples are dropped from the negatives, the positive is pulled in up to
+  the margin ``m_p`` (``margin_pos``) and negatives pushed off beyond ``1 − m_p``. D's loss
+  reads real images, G's its fakes, weighted by λ: StudioGAN's ``d_cond_mtd: D2DCE`` with no
+  auxiliary classifier (``aux_cls_type: W/O``, its default). Its CIFAR-10 config:
+  λ 0.5, τ 0.5, m_p 0.98.
 - ``"proj"`` (ProjGAN, Miyato & Koyama 2018): no extra term; the class enters through the
   projection inside the adversarial logit.
-- ``"ac"`` (ACGAN, Odena et al. 2017, Eq. 1–2): cross-entropy of the auxiliary classifier.
-  D minimises it on real *and* fake images (the paper's L_C is the log-likelihood of the
-  correct class on both sources; StudioGAN does the same), G on its fakes. The weight is
-  ``ac_weight`` (1 in the paper and StudioGAN).
+- ``"ac"`` (ACGAN, Odena et al. 2017, Eq. 1–2): cross-entropy of the auxiliary classifier,
+  weighted by ``ac_weight`` (1 in the paper and StudioGAN); G minimises it on its fakes. D
+  minimises it on real *and* fake images by default (``ac_fakes=True``): the paper's L_C is
+  the log-likelihood of the correct class on both sources, and StudioGAN's main branch did
+  the same until its rewrite merged on 2 November 2021 (its last such commit is of 1 May
+  2021). Today's StudioGAN trains D's classifier on real images only (fakes enter only with
+  its ADC classifier): ``ac_fakes=False``.
 
-Every adversarial loss is a mean over the batch and computed in fp32 whatever the autocast
-dtype (fp64 stays fp64). Each method has a D loss and a G loss of one signature
-(``contra_d_loss``, ``contra_g_loss``, ...); :data:`contragan.steps.GAN_LOSSES` picks them by
-name.
+λ and τ left unset (``None``) take the method's reference value, resolved in one place:
+:meth:`LossSettings.resolve` (:data:`REFERENCE_SETTINGS`). Every adversarial loss is a mean
+over the batch and computed in fp32 whatever the autocast dtype (fp64 stays fp64). Each method
+has a D loss and a G loss of one signature (``contra_d_loss``, ``contra_g_loss``, ...);
+:data:`contragan.steps.GAN_LOSSES` picks them by name.
 """
 
 from __future__ import annotations
@@ -32,11 +45,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from contragan.networks import DiscOutput
-from shared.losses import conditional_contrastive_loss
+from shared.losses import conditional_contrastive_loss, data_to_data_cross_entropy_loss
 
 __all__ = [
     "ADV_LOSSES",
+    "REFERENCE_SETTINGS",
     "AdvLoss",
+    "ClassPositives",
     "LossSettings",
     "ac_d_loss",
     "ac_g_loss",
@@ -48,9 +63,13 @@ __all__ = [
     "g_nonsaturating",
     "proj_d_loss",
     "proj_g_loss",
+    "reacgan_d_loss",
+    "reacgan_g_loss",
 ]
 
 AdvLoss = Literal["hinge", "nonsaturating"]
+ClassPositives = Literal["all", "proxy"]
+CLASS_POSITIVES = ("all", "proxy")
 
 
 def _upcast(x: Tensor) -> Tensor:
@@ -104,13 +123,25 @@ ADV_LOSSES: dict[str, tuple[Callable[[Tensor, Tensor], Tensor], Callable[[Tensor
 }
 
 
+# what λ, τ and m_p left unset become, per method: ContraGAN's value in every StudioGAN config,
+# ReACGAN's in StudioGAN's configs/CIFAR10/ReACGAN.yaml (cond_lambda, temperature, m_p)
+REFERENCE_SETTINGS: dict[str, dict[str, float]] = {
+    "contra": {"lambda_2c": 1.0, "tau": 1.0},
+    "reacgan": {"lambda_2c": 0.5, "tau": 0.5, "margin_pos": 0.98},
+}
+
+
 @dataclass(frozen=True)
 class LossSettings:
     """The settings every method's D and G loss reads, checked once on construction.
 
     ``adv``: the adversarial loss (:data:`ADV_LOSSES`); ``lambda_2c`` and ``tau``: the weight
-    and temperature of the 2C loss (contra); ``ac_weight``: the weight of the classification
-    loss (ac); ``gather``: contrast against every rank's samples (the 2C loss under DDP).
+    and temperature of the contrastive class term (contra's 2C, reacgan's D2D-CE);
+    ``ac_weight``: the weight of the classification loss (ac); ``gather``: contrast against
+    every rank's samples (under DDP); ``class_positives``: the 2C numerator, ``"all"`` or
+    ``"proxy"`` (contra); ``margin_pos``: D2D-CE's positive margin m_p, the negative one being
+    1 − m_p (reacgan); ``ac_fakes``: D's classifier also learns from fakes (ac). Built with
+    unset values by :meth:`resolve`.
     """
 
     adv: AdvLoss = "hinge"
@@ -118,6 +149,9 @@ class LossSettings:
     tau: float = 1.0
     ac_weight: float = 1.0
     gather: bool = False
+    class_positives: ClassPositives = "all"
+    margin_pos: float = 0.98
+    ac_fakes: bool = True
 
     def __post_init__(self) -> None:
         if self.adv not in ADV_LOSSES:
@@ -127,6 +161,45 @@ class LossSettings:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         if not (math.isfinite(self.tau) and self.tau > 0):
             raise ValueError(f"tau must be a finite number > 0, got {self.tau}")
+        if self.class_positives not in CLASS_POSITIVES:
+            raise ValueError(
+                f"class_positives must be one of {CLASS_POSITIVES}, got {self.class_positives!r}"
+            )
+        if not 0.0 <= self.margin_pos <= 1.0:  # also refuses NaN
+            raise ValueError(f"margin_pos must lie in [0, 1], got {self.margin_pos}")
+
+    @classmethod
+    def resolve(
+        cls,
+        loss: str,
+        *,
+        adv: AdvLoss = "hinge",
+        lambda_2c: float | None = None,
+        tau: float | None = None,
+        ac_weight: float = 1.0,
+        gather: bool = False,
+        class_positives: ClassPositives = "all",
+        margin_pos: float | None = None,
+        ac_fakes: bool = True,
+    ) -> LossSettings:
+        """The settings of method ``loss``, unset λ, τ and m_p taking its reference values
+        (:data:`REFERENCE_SETTINGS`; 1, 1 and 0.98 for methods without a contrastive term,
+        which do not read them)."""
+        reference = REFERENCE_SETTINGS.get(loss, {})
+
+        def pick(value: float | None, name: str, fallback: float) -> float:
+            return reference.get(name, fallback) if value is None else value
+
+        return cls(
+            adv=adv,
+            lambda_2c=pick(lambda_2c, "lambda_2c", 1.0),
+            tau=pick(tau, "tau", 1.0),
+            ac_weight=ac_weight,
+            gather=gather,
+            class_positives=class_positives,
+            margin_pos=pick(margin_pos, "margin_pos", 0.98),
+            ac_fakes=ac_fakes,
+        )
 
 
 def _class_logits(out: DiscOutput, which: str) -> Tensor:
@@ -151,7 +224,8 @@ def contra_d_loss(
 ) -> dict[str, Tensor]:
     """ContraGAN's D loss: ``d_adv + λ · 2C(real.embedding, real.proxy, y_real; τ)``.
 
-    The 2C term reads real images only (Kang & Park 2020, Alg. 1). Returns ``{"loss": total,
+    The 2C term reads real images only (Kang & Park 2020, Alg. 1); its numerator holds the
+    positives ``settings.class_positives`` names. Returns ``{"loss": total,
     "d_adv": ..., "d_2c": ...}``, all scalars with their graph (detach before logging).
 
     Shape:
@@ -160,7 +234,12 @@ def contra_d_loss(
     """
     d_adv = _d_adv(real, fake, settings)
     d_2c = conditional_contrastive_loss(
-        real.embedding, real.proxy, y_real, temperature=settings.tau, gather=settings.gather
+        real.embedding,
+        real.proxy,
+        y_real,
+        temperature=settings.tau,
+        gather=settings.gather,
+        positives=settings.class_positives,
     )
     return {"loss": d_adv + settings.lambda_2c * d_2c, "d_adv": d_adv, "d_2c": d_2c}
 
@@ -175,9 +254,55 @@ def contra_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> d
     """
     g_adv = _g_adv(fake, settings)
     g_2c = conditional_contrastive_loss(
-        fake.embedding, fake.proxy, y_fake, temperature=settings.tau, gather=settings.gather
+        fake.embedding,
+        fake.proxy,
+        y_fake,
+        temperature=settings.tau,
+        gather=settings.gather,
+        positives=settings.class_positives,
     )
     return {"loss": g_adv + settings.lambda_2c * g_2c, "g_adv": g_adv, "g_2c": g_2c}
+
+
+def _d2dce(out: DiscOutput, labels: Tensor, settings: LossSettings) -> Tensor:
+    return data_to_data_cross_entropy_loss(
+        out.embedding,
+        out.proxy,
+        labels,
+        temperature=settings.tau,
+        margin_pos=settings.margin_pos,
+        gather=settings.gather,
+    )
+
+
+def reacgan_d_loss(
+    real: DiscOutput, fake: DiscOutput, y_real: Tensor, y_fake: Tensor, settings: LossSettings
+) -> dict[str, Tensor]:
+    """ReACGAN's D loss: ``d_adv + λ · D2D-CE(real.embedding, real.proxy, y_real; τ, m_p)``.
+
+    D2D-CE reads real images only (StudioGAN's ``worker.py`` without ADC/TAC). Returns
+    ``{"loss": total, "d_adv": ..., "d_d2dce": ...}``.
+
+    Shape:
+        real: DiscOutput of N real images; fake: DiscOutput of M fakes; y_real: ``(N,)``;
+        y_fake: ``(M,)``
+    """
+    d_adv = _d_adv(real, fake, settings)
+    d_d2dce = _d2dce(real, y_real, settings)
+    return {"loss": d_adv + settings.lambda_2c * d_d2dce, "d_adv": d_adv, "d_d2dce": d_d2dce}
+
+
+def reacgan_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> dict[str, Tensor]:
+    """ReACGAN's G loss: ``g_adv + λ · D2D-CE(fake.embedding, fake.proxy, y_fake; τ, m_p)``.
+
+    Returns ``{"loss": total, "g_adv": ..., "g_d2dce": ...}``.
+
+    Shape:
+        fake: DiscOutput of M fakes; y_fake: ``(M,)`` their conditioning labels
+    """
+    g_adv = _g_adv(fake, settings)
+    g_d2dce = _d2dce(fake, y_fake, settings)
+    return {"loss": g_adv + settings.lambda_2c * g_d2dce, "g_adv": g_adv, "g_d2dce": g_d2dce}
 
 
 def proj_d_loss(
@@ -201,7 +326,7 @@ def ac_d_loss(
     real: DiscOutput, fake: DiscOutput, y_real: Tensor, y_fake: Tensor, settings: LossSettings
 ) -> dict[str, Tensor]:
     """ACGAN's D loss: ``d_adv + ac_weight · (CE(real.class_logits, y_real) +
-    CE(fake.class_logits, y_fake))``.
+    CE(fake.class_logits, y_fake))``, the fake term only with ``settings.ac_fakes``.
 
     Returns ``{"loss": total, "d_adv": ..., "d_ac": ...}``.
 
@@ -210,9 +335,9 @@ def ac_d_loss(
         y_fake: ``(M,)``
     """
     d_adv = _d_adv(real, fake, settings)
-    d_ac = F.cross_entropy(_class_logits(real, "real"), y_real) + F.cross_entropy(
-        _class_logits(fake, "fake"), y_fake
-    )
+    d_ac = F.cross_entropy(_class_logits(real, "real"), y_real)
+    if settings.ac_fakes:
+        d_ac = d_ac + F.cross_entropy(_class_logits(fake, "fake"), y_fake)
     return {"loss": d_adv + settings.ac_weight * d_ac, "d_adv": d_adv, "d_ac": d_ac}
 
 

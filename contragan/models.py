@@ -11,7 +11,7 @@ when distributed), the :class:`~contragan.steps.GanUpdater` and the loader. A ru
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,7 +24,7 @@ from contragan.data import DIGITS_DATA, ImageData, collate_uint8, load_data
 from contragan.layers import orthogonal_init_
 from contragan.networks import Discriminator, Generator
 from contragan.steps import GanUpdater
-from shared.checkpoint import load_checkpoint, load_state
+from shared.checkpoint import atomic_write, load_checkpoint, load_state
 from shared.config import load_config
 from shared.runs import RunDir
 from shared.runtime import SINGLE_PROCESS, DistEnv, make_loader, seed_everything, wrap_ddp
@@ -41,7 +41,8 @@ __all__ = [
 
 
 def build_gan(arch: GanArch) -> tuple[Generator, Discriminator]:
-    """G and D for ``arch``, orthogonally initialised (BigGAN, StudioGAN's ``init: ortho``)."""
+    """G and D for ``arch``, orthogonally initialised with zero biases (BigGAN, StudioGAN's
+    ``init: ortho``)."""
     generator, discriminator = Generator(arch), Discriminator(arch)
     orthogonal_init_(generator)
     orthogonal_init_(discriminator)
@@ -122,10 +123,7 @@ def build(
         num_classes=arch.num_classes,
         z_dim=arch.z_dim,
         loss=cfg.loss,
-        adv_loss=cfg.adv_loss,
-        lambda_2c=cfg.lambda_2c,
-        tau=cfg.tau,
-        ac_weight=cfg.ac_weight,
+        settings=replace(cfg.loss_settings, gather=env.is_distributed),
         n_dis=cfg.n_dis,
         g_lr=cfg.g_lr,
         d_lr=cfg.d_lr,
@@ -135,7 +133,6 @@ def build(
         ema_decay=cfg.ema_decay,
         ema_start=cfg.ema_start,
         diffaug=cfg.diffaug,
-        gather=env.is_distributed,
     )
     seed_everything(cfg.seed, rank=env.rank)  # each rank its own z and augmentations from here
     loader = make_loader(
@@ -154,7 +151,8 @@ def build(
 def save_arch(arch: GanArch, run: RunDir) -> Path:
     """Write ``arch`` as the run's ``arch.json`` (what :func:`load_arch` reads back)."""
     path = run.path / "arch.json"
-    path.write_text(json.dumps(asdict(arch), indent=2), encoding="utf-8")
+    with atomic_write(path) as handle:
+        handle.write(json.dumps(asdict(arch), indent=2).encode("utf-8"))
     return path
 
 
@@ -183,7 +181,7 @@ def load_generator(
         raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
     run_path = checkpoint.resolve().parent.parent
     arch = load_arch(run_path)
-    cfg = load_config(Config, run_path / "config.json")
+    cfg = load_config(Config, run_path / "config.json", command="contragan train")
     state = load_checkpoint(checkpoint, map_location="cpu")
     key = "generator_ema" if ema and state.get("generator_ema") is not None else "generator"
     if key not in state:

@@ -5,16 +5,17 @@ BigGAN-style ResNets (Brock et al. 2019) as StudioGAN configures them for CIFAR-
 conditional batch norm (a shared class embedding, plus a chunk of z per block under
 hierarchical z); the discriminator's trunk of down-sampling residual blocks ends in ReLU and a
 global *sum* pool, giving h, read by an unconditional linear logit and by one of three
-class-conditioning heads, one per ``loss``:
+class-conditioning heads:
 
-- ``"contra"`` (ContraGAN): a projection head ``l = W h`` and a class embedding ``e(y)``, the
-  embedding and proxy of the 2C loss (Kang & Park 2020, Eq. 8); the adversarial logit stays
-  unconditional.
+- ``"contra"`` (ContraGAN) and ``"reacgan"`` (ReACGAN, Kang et al. 2021): a projection head
+  ``l = W h + b`` and a class embedding ``e(y)``, the embedding and proxy of the 2C loss (Kang &
+  Park 2020, Eq. 8) or of D2D-CE; the adversarial logit stays unconditional. StudioGAN builds
+  the same head for both (``d_cond_mtd`` "2C" and "D2DCE").
 - ``"proj"`` (ProjGAN, Miyato & Koyama 2018, Eq. 3): the adversarial logit gains ``⟨e(y), h⟩``.
 - ``"ac"`` (ACGAN, Odena et al. 2017): class logits ``W h`` for an auxiliary cross-entropy.
 
 Spectral norm on every weight of both networks (except the generator's shared embedding and
-its batch norms, as in BigGAN) and orthogonal initialisation
+its batch norms, as in BigGAN) and orthogonal initialisation with zero biases
 (:func:`contragan.models.build_gan`). Sizes and plans: :class:`contragan.arch.GanArch`.
 """
 
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from contragan.arch import GanArch
+from contragan.arch import CONTRASTIVE_LOSSES, GanArch
 from contragan.layers import DiscBlock, GenBlock, SelfAttention, sn_conv2d, sn_embedding, sn_linear
 
 __all__ = ["DiscOutput", "Discriminator", "Generator"]
@@ -36,9 +37,10 @@ class DiscOutput(NamedTuple):
     """What the discriminator returns.
 
     ``embedding`` and ``proxy`` are the pair whose agreement conditions the discriminator on
-    the class: for ``"contra"`` the projection-head output ``l`` (before L2 normalisation) and
-    the class embedding ``e(y)`` of the 2C loss; for ``"proj"`` h and the projection embedding
-    ``e(y)`` (the adversarial logit holds their dot product); for ``"ac"`` h and the classifier
+    the class: for ``"contra"`` and ``"reacgan"`` the projection-head output ``l`` (before L2
+    normalisation) and the class embedding ``e(y)`` of the 2C loss or D2D-CE; for ``"proj"`` h
+    and the projection embedding ``e(y)`` (the adversarial logit holds their dot product); for
+    ``"ac"`` h and the classifier
     row ``w_y`` (``class_logits[i, y_i] = ⟨w_{y_i}, h_i⟩``). Their width D is always
     ``arch.embed_dim``, which :class:`GanArch` sets to the trunk width for proj/ac.
 
@@ -112,8 +114,8 @@ class Generator(nn.Module):
 
 
 class _ContrastiveHead(nn.Module):
-    """ContraGAN's 2C head: ``l = W h`` and the class embedding ``e(y)``, both spectrally
-    normalised (StudioGAN); the adversarial logit is left unconditional."""
+    """ContraGAN's and ReACGAN's head: ``l = W h + b`` and the class embedding ``e(y)``, both
+    spectrally normalised (StudioGAN); the adversarial logit is left unconditional."""
 
     def __init__(self, feature_dim: int, num_classes: int, embed_dim: int) -> None:
         super().__init__()
@@ -178,7 +180,7 @@ class Discriminator(nn.Module):
         width = arch.feature_dim
         self.linear = sn_linear(width, 1)
         self.head: nn.Module
-        if arch.loss == "contra":
+        if arch.loss in CONTRASTIVE_LOSSES:
             self.head = _ContrastiveHead(width, arch.num_classes, arch.embed_dim)
         elif arch.loss == "proj":
             self.head = _ProjectionHead(width, arch.num_classes)

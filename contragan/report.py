@@ -19,13 +19,14 @@ from contragan.arch import GanArch
 from contragan.config import Config
 from contragan.data import ImageData, skipped_summary
 from contragan.evaluate import Evaluation
-from shared.plots import plot_loss_curves, save_image_grid
+from shared.plots import plot_loss_curves, save_figure, save_image_grid
 from shared.runs import RunDir, write_report
 from shared.runtime import eval_mode
 
 __all__ = [
     "FIGURES",
     "class_grid",
+    "class_term",
     "curve_keys",
     "plot_intra_fd",
     "plot_losses",
@@ -48,7 +49,12 @@ FIGURES = {
     "intra_fd_mean": "lower",
 }
 # the logged class term of each method, plotted beside the adversarial losses
-_CLASS_TERMS = {"contra": ["d_2c", "g_2c"], "ac": ["d_ac", "g_ac"], "proj": []}
+_CLASS_TERMS = {
+    "contra": ["d_2c", "g_2c"],
+    "reacgan": ["d_d2dce", "g_d2dce"],
+    "ac": ["d_ac", "g_ac"],
+    "proj": [],
+}
 
 
 @torch.no_grad()
@@ -103,6 +109,21 @@ def plot_losses(run: RunDir, loss: str) -> Path:
     return path
 
 
+def class_term(cfg: Config) -> str:
+    """The method's class term with the values it trained with, e.g. ``2C (λ 1, τ 1,
+    positives: all)``."""
+    settings = cfg.loss_settings
+    weights = f"λ {settings.lambda_2c:g}, τ {settings.tau:g}"
+    if cfg.loss == "contra":
+        return f"2C ({weights}, positives: {settings.class_positives})"
+    if cfg.loss == "reacgan":
+        return f"D2D-CE ({weights}, m_p {settings.margin_pos:g})"
+    if cfg.loss == "ac":
+        sources = "real and fake" if settings.ac_fakes else "real"
+        return f"classifier cross-entropy (weight {settings.ac_weight:g}, D on {sources} images)"
+    return "the projection inside the adversarial logit"
+
+
 def write_train_report(
     run: RunDir,
     cfg: Config,
@@ -116,7 +137,8 @@ def write_train_report(
         "Run": (
             f"{cfg.loss} GAN ({arch.name} networks, {arch.image_size}×{arch.image_size}×"
             f"{arch.channels}, {arch.num_classes} classes) on {cfg.data}: {steps} G steps "
-            f"of batch {cfg.batch_size}, {cfg.n_dis} D steps each; samples from the "
+            f"of batch {cfg.batch_size}, {cfg.n_dis} D steps each; class term: "
+            f"{class_term(cfg)}; samples from the "
             f"{'EMA ' if cfg.ema else ''}generator, one row per class (`plots/samples.png`). "
             "`contragan evaluate --checkpoint checkpoints/last.pt` measures it."
         )
@@ -157,9 +179,7 @@ def plot_intra_fd(
     ax.set_xticks(classes)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    return save_figure(fig, path)
 
 
 def write_evaluation_report(

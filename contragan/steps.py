@@ -29,6 +29,7 @@ from contragan.data import to_signed_unit
 from contragan.diffaug import diff_augment
 from contragan.losses import (
     AdvLoss,
+    ClassPositives,
     LossSettings,
     ac_d_loss,
     ac_g_loss,
@@ -36,6 +37,8 @@ from contragan.losses import (
     contra_g_loss,
     proj_d_loss,
     proj_g_loss,
+    reacgan_d_loss,
+    reacgan_g_loss,
 )
 from contragan.networks import DiscOutput
 from shared.runtime import unwrap
@@ -58,6 +61,7 @@ class GanLossFns(NamedTuple):
 # method name (--loss) -> its D and G losses
 GAN_LOSSES: dict[str, GanLossFns] = {
     "contra": GanLossFns(contra_d_loss, contra_g_loss),
+    "reacgan": GanLossFns(reacgan_d_loss, reacgan_g_loss),
     "proj": GanLossFns(proj_d_loss, proj_g_loss),
     "ac": GanLossFns(ac_d_loss, ac_g_loss),
 }
@@ -78,14 +82,18 @@ def discriminator_loss(
     *,
     loss: GanLoss,
     adv: AdvLoss = "hinge",
-    lambda_2c: float = 1.0,
-    tau: float = 1.0,
+    lambda_2c: float | None = None,
+    tau: float | None = None,
     ac_weight: float = 1.0,
     gather: bool = False,
+    class_positives: ClassPositives = "all",
+    margin_pos: float | None = None,
+    ac_fakes: bool = True,
 ) -> dict[str, Tensor]:
     """D's loss of method ``loss``: adversarial on real and fake, plus the method's class term.
 
-    Returns ``{"loss": total, "d_adv": ..., and "d_2c" or "d_ac"}`` (see
+    Unset λ, τ and m_p take the method's reference values (:meth:`LossSettings.resolve`).
+    Returns ``{"loss": total, "d_adv": ..., and "d_2c", "d_d2dce" or "d_ac"}`` (see
     :func:`contragan.losses.contra_d_loss` and its siblings).
 
     Shape:
@@ -93,7 +101,17 @@ def discriminator_loss(
         y_fake: ``(M,)``
     """
     fns = gan_losses(loss)
-    settings = LossSettings(adv, lambda_2c, tau, ac_weight, gather)
+    settings = LossSettings.resolve(
+        loss,
+        adv=adv,
+        lambda_2c=lambda_2c,
+        tau=tau,
+        ac_weight=ac_weight,
+        gather=gather,
+        class_positives=class_positives,
+        margin_pos=margin_pos,
+        ac_fakes=ac_fakes,
+    )
     return fns.discriminator(real, fake, y_real, y_fake, settings)
 
 
@@ -103,20 +121,32 @@ def generator_loss(
     *,
     loss: GanLoss,
     adv: AdvLoss = "hinge",
-    lambda_2c: float = 1.0,
-    tau: float = 1.0,
+    lambda_2c: float | None = None,
+    tau: float | None = None,
     ac_weight: float = 1.0,
     gather: bool = False,
+    class_positives: ClassPositives = "all",
+    margin_pos: float | None = None,
 ) -> dict[str, Tensor]:
     """G's loss of method ``loss`` on D's output for its fakes: adversarial plus the class term.
 
-    Returns ``{"loss": total, "g_adv": ..., and "g_2c" or "g_ac"}``.
+    Returns ``{"loss": total, "g_adv": ..., and "g_2c", "g_d2dce" or "g_ac"}``.
 
     Shape:
         fake: DiscOutput of M fakes; y_fake: ``(M,)`` their conditioning labels
     """
     fns = gan_losses(loss)
-    return fns.generator(fake, y_fake, LossSettings(adv, lambda_2c, tau, ac_weight, gather))
+    settings = LossSettings.resolve(
+        loss,
+        adv=adv,
+        lambda_2c=lambda_2c,
+        tau=tau,
+        ac_weight=ac_weight,
+        gather=gather,
+        class_positives=class_positives,
+        margin_pos=margin_pos,
+    )
+    return fns.generator(fake, y_fake, settings)
 
 
 def _split(out: DiscOutput, n: int) -> tuple[DiscOutput, DiscOutput]:
@@ -143,7 +173,10 @@ def _float(out: DiscOutput) -> DiscOutput:
 
 
 class GanUpdater(Updater):
-    """G and D (possibly DDP-wrapped), their Adam optimizers and an EMA copy of G."""
+    """G and D (possibly DDP-wrapped), their Adam optimizers and an EMA copy of G.
+
+    ``settings`` are the D and G losses' (``gather=True`` under DDP); none: the method's
+    reference (:meth:`LossSettings.resolve`)."""
 
     def __init__(
         self,
@@ -153,10 +186,7 @@ class GanUpdater(Updater):
         num_classes: int,
         z_dim: int,
         loss: GanLoss,
-        adv_loss: AdvLoss = "hinge",
-        lambda_2c: float = 1.0,
-        tau: float = 1.0,
-        ac_weight: float = 1.0,
+        settings: LossSettings | None = None,
         n_dis: int = 5,
         g_lr: float = 2e-4,
         d_lr: float = 2e-4,
@@ -166,7 +196,6 @@ class GanUpdater(Updater):
         ema_decay: float = 0.9999,
         ema_start: int = 1000,
         diffaug: str | None = None,
-        gather: bool = False,
     ) -> None:
         if n_dis < 1 or g_batch_size < 1 or num_classes < 1:
             raise ValueError(
@@ -180,7 +209,7 @@ class GanUpdater(Updater):
         self.g, self.d = generator, discriminator
         self.num_classes, self.z_dim = num_classes, z_dim
         self.losses = gan_losses(loss)
-        self.loss_settings = LossSettings(adv_loss, lambda_2c, tau, ac_weight, gather)
+        self.loss_settings = LossSettings.resolve(loss) if settings is None else settings
         self.batches_per_step = n_dis
         self.g_batch_size = g_batch_size
         self.g_opt = torch.optim.Adam(generator.parameters(), lr=g_lr, betas=betas)

@@ -1,15 +1,20 @@
-"""``contragan train``: a class-conditional GAN with the 2C loss (ContraGAN) or a baseline.
+"""``contragan train``: a class-conditional GAN with the 2C loss (ContraGAN), D2D-CE (ReACGAN)
+or a baseline.
 
 ``--loss contra`` is ContraGAN (Kang & Park 2020): hinge adversarial loss plus λ·2C on D's
-projection of real images (D) and of fakes (G), through ``shared.losses``; ``--loss proj`` is
-the projection discriminator (Miyato & Koyama 2018) and ``--loss ac`` an auxiliary classifier
-(ACGAN), on the same networks. The recipe of docs/architecture.md, "ContraGAN": Adam 2e-4 with
+projection of real images (D) and of fakes (G), through ``shared.losses``
+(``--class-positives proxy``: the proxy alone in 2C's numerator); ``--loss reacgan`` is ReACGAN
+(Kang et al. 2021), the same with D2D-CE in place of 2C (λ 0.5, τ 0.5, ``--margin-pos`` 0.98
+unless given); ``--loss proj`` is the projection discriminator (Miyato & Koyama 2018) and
+``--loss ac`` an auxiliary classifier (ACGAN; ``--no-ac-fakes``: D's classifier on real images
+only), on the same networks. The recipe of docs/architecture.md, "ContraGAN": Adam 2e-4 with
 betas (0.5, 0.999), batch 64, ``n_dis`` = 5 D steps per G step, an EMA generator (0.9999 from
 step 1000), optional DiffAugment. ``shared.train.fit_updater`` runs the loop with
-:class:`contragan.steps.GanUpdater` (precision, DDP, metrics.csv, checkpoints, exact resume);
-every ``eval_every`` steps rank 0 saves a sample grid of the EMA generator (one row per class)
-under ``samples/``. At the end: ``generator.safetensors`` (the EMA generator), ``arch.json``,
-``plots/samples.png``, loss curves, ``summary.json`` and ``report.md``.
+:class:`contragan.steps.GanUpdater` (precision, DDP, metrics.csv, checkpoints, exact resume,
+compared on :func:`contragan.config.resume_config`); every ``eval_every`` steps rank 0 saves a
+sample grid of the EMA generator (one row per class) under ``samples/``. At the end:
+``generator.safetensors`` (the EMA generator), ``arch.json``, ``plots/samples.png``, loss
+curves, ``summary.json`` and ``report.md``.
 
 ``--quick`` trains the small digits networks (a short CPU run).
 """
@@ -25,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from contragan.config import QUICK, Config
+from contragan.config import QUICK, Config, resume_config
 from contragan.data import report_skipped_images
 from contragan.models import Built, build, save_arch
 from contragan.report import plot_losses, save_class_grid, write_train_report
@@ -50,6 +55,15 @@ def _grid_saver(
         return {}
 
     return evaluate
+
+
+def _save_settings(run: RunDir, cfg: Config, built: Built) -> None:
+    """``config.json`` and ``arch.json``, what ``sample`` and ``evaluate`` read the run from.
+
+    On a resume they are written after the loop: a resume it refuses (another config than the
+    checkpoint's) must leave them describing the weights in the folder."""
+    save_config(cfg, run.path)
+    save_arch(built.arch, run)
 
 
 def finish(
@@ -91,8 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         resume = cfg.resume and run.last_checkpoint.is_file()  # none yet: from step 0
         built = build(cfg, device=device, env=env)
         if env.rank == 0:
-            save_config(cfg, run.path)
-            save_arch(built.arch, run)
+            if not resume:  # a resume rewrites them only once the loop has accepted its config
+                _save_settings(run, cfg, built)
             report_skipped_images(built.data, run)  # skipped.csv and one line
         loop_cfg = LoopConfig(
             epochs=cfg.epochs,
@@ -113,10 +127,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             evaluate_on_all_ranks=False,  # the grid is drawn once, on rank 0
             resume=resume,
             dist_env=env,
-            config=cfg,
+            config=resume_config(cfg),
         )
         summary: dict[str, Any] = {}
         if env.rank == 0:
+            if resume:
+                _save_settings(run, cfg, built)
             summary = finish(run, cfg, built, result, device)
         return summary
     finally:

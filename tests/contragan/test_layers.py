@@ -1,5 +1,6 @@
 """Specification of contragan.layers: spectral norm really bounds σ, orthogonal init (also of
-spectrally normalised layers, in eval mode), conditional batch norm reads its condition,
+spectrally normalised layers, in eval mode) with zero biases, conditional batch norm reads its
+condition,
 self-attention starts as the identity, the residual blocks' shapes."""
 
 from __future__ import annotations
@@ -69,12 +70,37 @@ def test_orthogonal_init_reaches_every_plain_layer_and_leaves_others() -> None:
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Embedding(4, 8), sn_linear(8, 2))
     bn_weight = model[1].weight.detach().clone()
+    bn_bias = model[1].bias
+    assert isinstance(bn_bias, Tensor)
+    with torch.no_grad():
+        bn_bias.fill_(0.5)  # not a conv, linear or embedding: left alone
     assert orthogonal_init_(model) is model
+    assert torch.equal(bn_bias.detach(), torch.full((8,), 0.5))
     for matrix in (model[0].weight.detach(), model[2].weight.detach()):
         small = min(matrix.shape)
         gram = matrix @ matrix.T if matrix.shape[0] == small else matrix.T @ matrix
         torch.testing.assert_close(gram, torch.eye(small), atol=1e-5, rtol=0)
     torch.testing.assert_close(model[1].weight.detach(), bn_weight)
+
+
+def test_orthogonal_init_zeroes_the_biases_of_convs_and_linears() -> None:
+    """StudioGAN's ``init_weights`` under ``init: ortho`` fills every conv and linear bias with 0
+    (PyTorch's default is uniform in ±1/√fan_in); spectral norm leaves biases alone."""
+    torch.manual_seed(5)
+    layers: list[nn.Conv2d | nn.Linear] = [
+        nn.Conv2d(3, 4, 3),
+        nn.Linear(5, 6),
+        sn_conv2d(3, 4, 1),
+        sn_linear(5, 6),
+    ]
+    for layer in layers:
+        bias = layer.bias
+        assert isinstance(bias, Tensor) and bias.abs().min() > 0  # PyTorch's default
+        orthogonal_init_(layer)
+        assert torch.equal(bias.detach(), torch.zeros_like(bias)), layer
+    bias_free = sn_linear(5, 6, bias=False)
+    orthogonal_init_(bias_free)
+    assert bias_free.bias is None
 
 
 def test_conditional_batch_norm_uses_the_condition() -> None:

@@ -1,6 +1,8 @@
 """Specification of contragan.losses: hinge and non-saturating values by hand, the 2C wiring
-(the shared loss on the right DiscOutput fields, and a float64 loop of Eq. 8), the ACGAN and
-ProjGAN terms, precision, and the argument checks."""
+(the shared loss on the right DiscOutput fields, and a float64 loop of Eq. 8, with all or only
+the proxy as positives), the D2D-CE wiring of reacgan (and a float64 loop of StudioGAN's
+formula), the ACGAN (with and without fakes) and ProjGAN terms, the reference values unset
+settings take, precision, and the argument checks."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from torch import Tensor
 from contragan.arch import LOSSES
 from contragan.losses import (
     ADV_LOSSES,
+    REFERENCE_SETTINGS,
     LossSettings,
     ac_d_loss,
     ac_g_loss,
@@ -26,10 +29,12 @@ from contragan.losses import (
     g_nonsaturating,
     proj_d_loss,
     proj_g_loss,
+    reacgan_d_loss,
+    reacgan_g_loss,
 )
 from contragan.networks import DiscOutput
 from contragan.steps import GAN_LOSSES, GanLossFns, discriminator_loss, generator_loss
-from shared.losses import conditional_contrastive_loss
+from shared.losses import conditional_contrastive_loss, data_to_data_cross_entropy_loss
 
 REAL = torch.tensor([2.0, 0.5, -1.0])
 FAKE = torch.tensor([-2.0, 0.0, 1.0])
@@ -82,8 +87,11 @@ def _outputs(n: int, dim: int, classes: int, seed: int, logits: bool = False) ->
     )
 
 
-def _two_c_loop(embedding: Tensor, proxy: Tensor, labels: Tensor, tau: float) -> float:
-    """Eq. 8 of ContraGAN (Kang & Park 2020, the 2C loss) written out with a Python loop."""
+def _two_c_loop(
+    embedding: Tensor, proxy: Tensor, labels: Tensor, tau: float, proxy_only: bool = False
+) -> float:
+    """Eq. 8 of ContraGAN (Kang & Park 2020, the 2C loss) written out with a Python loop; with
+    ``proxy_only`` the numerator holds the proxy alone (the denominator is unchanged)."""
     l = F.normalize(embedding, dim=1).tolist()
     e = F.normalize(proxy, dim=1).tolist()
     y = labels.tolist()
@@ -95,9 +103,34 @@ def _two_c_loop(embedding: Tensor, proxy: Tensor, labels: Tensor, tau: float) ->
     total = 0.0
     for i in range(n):
         to_proxy = sim(l[i], e[i])
-        numerator = to_proxy + sum(sim(l[i], l[k]) for k in range(n) if k != i and y[k] == y[i])
+        same = [sim(l[i], l[k]) for k in range(n) if k != i and y[k] == y[i]]
+        numerator = to_proxy + (0.0 if proxy_only else sum(same))
         denominator = to_proxy + sum(sim(l[i], l[k]) for k in range(n) if k != i)
         total -= math.log(numerator / denominator)
+    return total / n
+
+
+def _d2dce_loop(embedding: Tensor, proxy: Tensor, labels: Tensor, tau: float, m_p: float) -> float:
+    """StudioGAN's ``Data2DataCrossEntropyLoss.forward`` written out with a Python loop: the
+    relu'd positive, the negatives of other classes shifted by the row's largest other logit
+    (before the relu, over every other sample), m_n = 1 − m_p."""
+    f = F.normalize(embedding, dim=1).tolist()
+    v = F.normalize(proxy, dim=1).tolist()
+    y = labels.tolist()
+    n = len(y)
+
+    def cos(a: list[float], b: list[float]) -> float:
+        return sum(p * q for p, q in zip(a, b, strict=True))
+
+    total = 0.0
+    for i in range(n):
+        logits = {k: (cos(f[i], f[k]) + m_p - 1) / tau for k in range(n) if k != i}
+        row_max = max(logits.values())
+        negatives = sum(
+            math.exp(max(logit, 0.0) - row_max) for k, logit in logits.items() if y[k] != y[i]
+        )
+        positive = max((m_p - cos(f[i], v[i])) / tau, 0.0)
+        total += positive + math.log(math.exp(-positive) + negatives)
     return total / n
 
 
@@ -141,6 +174,88 @@ def test_discriminator_2c_reads_real_images_only() -> None:
     torch.testing.assert_close(a["loss"], b["loss"])
 
 
+@pytest.mark.parametrize("tau", [1.0, 0.1])
+def test_proxy_positives_keep_the_proxy_alone_in_the_numerator(tau: float) -> None:
+    real, fake = _outputs(7, 4, 3, seed=20), _outputs(6, 4, 3, seed=21)
+    y_real, y_fake = torch.tensor([0, 1, 0, 2, 1, 0, 2]), torch.tensor([2, 2, 1, 0, 1, 1])
+    d = discriminator_loss(
+        real, fake, y_real, y_fake, loss="contra", tau=tau, class_positives="proxy"
+    )
+    g = generator_loss(fake, y_fake, loss="contra", tau=tau, class_positives="proxy")
+    expected_d = _two_c_loop(real.embedding, real.proxy, y_real, tau, proxy_only=True)
+    expected_g = _two_c_loop(fake.embedding, fake.proxy, y_fake, tau, proxy_only=True)
+    assert float(d["d_2c"]) == pytest.approx(expected_d, rel=1e-12)
+    assert float(g["g_2c"]) == pytest.approx(expected_g, rel=1e-12)
+    # with same-class samples in the batch the two numerators differ
+    faithful = discriminator_loss(real, fake, y_real, y_fake, loss="contra", tau=tau)
+    assert float(faithful["d_2c"]) < float(d["d_2c"]) - 1e-6
+
+
+@pytest.mark.parametrize(("lambda_2c", "tau", "margin_pos"), [(None, None, None), (2.0, 0.1, 0.9)])
+def test_reacgan_losses_are_adversarial_plus_lambda_d2dce(
+    lambda_2c: float | None, tau: float | None, margin_pos: float | None
+) -> None:
+    """D: hinge + λ·D2D-CE of the real embeddings and proxies; G: hinge + λ·D2D-CE of its
+    fakes; unset values are ReACGAN's CIFAR-10 config (λ 0.5, τ 0.5, m_p 0.98)."""
+    real, fake = _outputs(8, 5, 3, seed=22), _outputs(6, 5, 3, seed=23)
+    y_real, y_fake = torch.tensor([0, 1, 0, 2, 1, 0, 2, 2]), torch.tensor([2, 2, 1, 0, 1, 0])
+    settings = LossSettings.resolve("reacgan", lambda_2c=lambda_2c, tau=tau, margin_pos=margin_pos)
+    d = discriminator_loss(
+        real,
+        fake,
+        y_real,
+        y_fake,
+        loss="reacgan",
+        lambda_2c=lambda_2c,
+        tau=tau,
+        margin_pos=margin_pos,
+    )
+    g = generator_loss(
+        fake, y_fake, loss="reacgan", lambda_2c=lambda_2c, tau=tau, margin_pos=margin_pos
+    )
+    assert set(d) == {"loss", "d_adv", "d_d2dce"} and set(g) == {"loss", "g_adv", "g_d2dce"}
+    lam = 0.5 if lambda_2c is None else lambda_2c
+    t, m = (0.5, 0.98) if tau is None else (tau, margin_pos)
+    assert m is not None
+    for out, y, parts, key in ((real, y_real, d, "d_d2dce"), (fake, y_fake, g, "g_d2dce")):
+        direct = data_to_data_cross_entropy_loss(
+            out.embedding, out.proxy, y, temperature=t, margin_pos=m
+        )
+        torch.testing.assert_close(parts[key], direct)
+        assert float(parts[key]) == pytest.approx(
+            _d2dce_loop(out.embedding, out.proxy, y, t, m), rel=1e-12
+        )
+    torch.testing.assert_close(d["loss"], d_hinge(real.adv, fake.adv) + lam * d["d_d2dce"])
+    torch.testing.assert_close(g["loss"], g_hinge(fake.adv) + lam * g["g_d2dce"])
+    # the table's rows are the same functions
+    torch.testing.assert_close(
+        reacgan_d_loss(real, fake, y_real, y_fake, settings)["loss"], d["loss"]
+    )
+    torch.testing.assert_close(reacgan_g_loss(fake, y_fake, settings)["loss"], g["loss"])
+
+
+def test_reacgan_discriminator_term_reads_real_images_only() -> None:
+    real, y = _outputs(5, 3, 2, seed=24), torch.tensor([0, 1, 1, 0, 1])
+    fake_a, fake_b = _outputs(5, 3, 2, seed=25), _outputs(5, 3, 2, seed=26)
+    fake_b = fake_b._replace(adv=fake_a.adv)
+    a = discriminator_loss(real, fake_a, y, y, loss="reacgan")
+    b = discriminator_loss(real, fake_b, y, y, loss="reacgan")
+    torch.testing.assert_close(a["loss"], b["loss"])
+
+
+def test_unset_settings_take_each_methods_reference_values() -> None:
+    assert REFERENCE_SETTINGS == {
+        "contra": {"lambda_2c": 1.0, "tau": 1.0},
+        "reacgan": {"lambda_2c": 0.5, "tau": 0.5, "margin_pos": 0.98},
+    }
+    contra, reacgan = LossSettings.resolve("contra"), LossSettings.resolve("reacgan")
+    assert (contra.lambda_2c, contra.tau) == (1.0, 1.0)
+    assert (reacgan.lambda_2c, reacgan.tau, reacgan.margin_pos) == (0.5, 0.5, 0.98)
+    given = LossSettings.resolve("reacgan", lambda_2c=0.0, tau=2.0, margin_pos=0.5)
+    assert (given.lambda_2c, given.tau, given.margin_pos) == (0.0, 2.0, 0.5)
+    assert LossSettings.resolve("proj") == LossSettings()
+
+
 def test_acgan_terms() -> None:
     real, fake = _outputs(4, 3, 5, seed=6, logits=True), _outputs(4, 3, 5, seed=7, logits=True)
     y_real, y_fake = torch.tensor([0, 4, 2, 2]), torch.tensor([1, 3, 3, 0])
@@ -154,6 +269,15 @@ def test_acgan_terms() -> None:
     g = generator_loss(fake, y_fake, loss="ac")
     assert set(g) == {"loss", "g_adv", "g_ac"}
     torch.testing.assert_close(g["loss"], g_hinge(fake.adv) + ce_fake)
+    # real images only (today's StudioGAN): the fakes' class logits do not matter to D
+    real_only = discriminator_loss(
+        real, fake, y_real, y_fake, loss="ac", ac_weight=0.25, ac_fakes=False
+    )
+    torch.testing.assert_close(real_only["d_ac"], ce_real)
+    torch.testing.assert_close(real_only["loss"], d_hinge(real.adv, fake.adv) + 0.25 * ce_real)
+    other = fake._replace(class_logits=torch.zeros_like(fake.class_logits))
+    again = discriminator_loss(real, other, y_real, y_fake, loss="ac", ac_fakes=False)
+    torch.testing.assert_close(again["d_ac"], ce_real)
 
 
 def test_projection_loss_is_adversarial_only() -> None:
@@ -174,6 +298,9 @@ BAD_SETTINGS: list[tuple[dict[str, Any], str]] = [
     ({"loss": "ac", "ac_weight": -1.0}, "ac_weight must be a finite number >= 0"),
     ({"loss": "contra", "tau": 0.0}, "tau must be a finite number > 0"),
     ({"loss": "contra", "tau": math.inf}, "tau must be a finite number > 0"),
+    ({"loss": "contra", "class_positives": "some"}, "class_positives must be one of"),
+    ({"loss": "reacgan", "margin_pos": 1.5}, r"margin_pos must lie in \[0, 1\]"),
+    ({"loss": "reacgan", "margin_pos": math.nan}, r"margin_pos must lie in \[0, 1\]"),
 ]
 
 
@@ -199,6 +326,7 @@ def test_every_method_has_one_row_of_d_and_g_losses() -> None:
     networks can be built for."""
     assert GAN_LOSSES == {
         "contra": GanLossFns(contra_d_loss, contra_g_loss),
+        "reacgan": GanLossFns(reacgan_d_loss, reacgan_g_loss),
         "proj": GanLossFns(proj_d_loss, proj_g_loss),
         "ac": GanLossFns(ac_d_loss, ac_g_loss),
     }
