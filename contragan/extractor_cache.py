@@ -3,17 +3,13 @@
 A trained :class:`~contragan.extractor.FeatureExtractor` is cached per data set as
 ``safetensors`` plus a json sidecar, keyed by what determines its weights: data name, image
 size, channels, classes, seed, a digest of the train and test splits' bytes, the number of
-epochs, the network's settings (:meth:`~contragan.extractor.FeatureExtractor.settings`), the
-training recipe (:data:`~contragan.extractor.RECIPE`) and
-:data:`~contragan.extractor.EXTRACTOR_VERSION` (bump it when the code of the network or of its
-training changes in a way those settings do not show). An extractor cached under another key
-is never reused; its files stay where they are. Both files are written atomically, weights
-first; an unreadable or inconsistent cache is retrained with a warning.
+epochs and :data:`~contragan.extractor.EXTRACTOR_VERSION` (bump it when the architecture or the
+training recipe changes). Both files are written atomically, weights first; an unreadable or
+inconsistent cache is retrained with a warning.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -30,9 +26,7 @@ from contragan.data import ImageData, images_and_labels
 from contragan.extractor import (
     DEFAULT_EPOCHS,
     EXTRACTOR_VERSION,
-    RECIPE,
     FeatureExtractor,
-    new_classifier,
     train_extractor,
 )
 from shared.checkpoint import atomic_write
@@ -57,9 +51,7 @@ def _cache_key(data: ImageData, data_name: str, seed: int, epochs: int) -> str:
         digest.update(images.contiguous().numpy().tobytes())
         digest.update(labels.to(torch.int64).contiguous().numpy().tobytes())
     identity = [data_name, data.image_size, data.channels, data.num_classes, seed, epochs]
-    network = new_classifier(data, seed=seed).settings()
-    recipe = dataclasses.asdict(RECIPE)
-    digest.update(json.dumps([*identity, EXTRACTOR_VERSION, network, recipe]).encode())
+    digest.update(json.dumps([*identity, EXTRACTOR_VERSION]).encode())
     return digest.hexdigest()
 
 
@@ -158,7 +150,6 @@ def _save_cached(
         "seed": seed,
         "epochs": epochs,
         "settings": model.settings(),
-        "recipe": dataclasses.asdict(RECIPE),
         "test_accuracy": accuracy,
         "weights_sha256": hashlib.sha256(blob).hexdigest(),
     }
