@@ -13,7 +13,8 @@ should lie there.
 
 Run folders (each with its sample grid, ``plots/samples.png``) go to
 ``<root>/<data>-<variant>-s<seed>``; the grids are also copied to ``<root>/grids/``, and the
-tables to ``<root>/results.md``. Finished runs and evaluations are read back, not redone.
+tables to a Markdown file named results in ``<root>``. Finished runs and evaluations are read
+back, not redone.
 
     python benchmarks/contragan_results.py                      # digits and digits-m, 3 seeds
     python benchmarks/contragan_results.py --data digits --seeds 1 --steps 400 --variants proj
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         _table(data, args, lines)
     text = "\n".join(lines) + "\n"
     args.root.mkdir(parents=True, exist_ok=True)
-    (args.root / "results.md").write_text(text, encoding="utf-8")
+    (args.root / "results").with_suffix(".md").write_text(text, encoding="utf-8")
     print(text)
 
 
