@@ -1,6 +1,6 @@
 """Our D2D-CE and 2C losses beside StudioGAN's own loss classes, run for real (float64, CPU).
 
-    python benchmarks/studiogan_losses.py --studiogan /tmp/studiogan
+    python benchmarks/studiogan_losses.py --studiogan runs/studiogan
 
 ``--studiogan DIR`` is a folder holding StudioGAN's ``src/utils/losses.py`` and what it imports
 (``src/utils/ops.py``, ``src/utils/style_ops/``), and optionally ``losses_fd9e423.py``: that
