@@ -248,7 +248,9 @@ class EvaluateConfig:
     """folder where the trained feature extractors are cached, per data set"""
     min_extractor_accuracy: float = 0.95
     """refuse an extractor whose test accuracy is below this, in [0, 1]"""
-    extractor_epochs: int = 12  # training epochs of the feature extractor, >= 1
+    extractor_epochs: int | None = None
+    """training epochs of the feature extractor, >= 1; none: the data set's recipe (digits-m 60,
+    every other 12)"""
     # group: method
     cas_epochs: int = 12  # epochs of the CAS classifier trained on generated images, >= 1
     # group: model
@@ -262,7 +264,7 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         for name in ("seeds", "extractor_epochs", "cas_epochs"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.min_extractor_accuracy <= 1.0:
             raise ValueError(

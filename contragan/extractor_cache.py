@@ -3,8 +3,9 @@
 A trained :class:`~contragan.extractor.FeatureExtractor` is cached per data set as
 ``safetensors`` plus a json sidecar, keyed by what determines its weights: data name, image
 size, channels, classes, seed, a digest of the train and test splits' bytes, the number of
-epochs and :data:`~contragan.extractor.EXTRACTOR_VERSION` (bump it when the architecture or the
-training recipe changes). Both files are written atomically, weights first; an unreadable or
+epochs, the data set's recipe (:func:`~contragan.extractor.recipe_for`) and
+:data:`~contragan.extractor.EXTRACTOR_VERSION` (bump it when the architecture or the training
+recipe changes). Both files are written atomically, weights first; an unreadable or
 inconsistent cache is retrained with a warning.
 """
 
@@ -24,9 +25,9 @@ from safetensors.torch import load_file, save
 
 from contragan.data import ImageData, images_and_labels
 from contragan.extractor import (
-    DEFAULT_EPOCHS,
     EXTRACTOR_VERSION,
     FeatureExtractor,
+    recipe_for,
     train_extractor,
 )
 from shared.checkpoint import atomic_write
@@ -50,7 +51,9 @@ def _cache_key(data: ImageData, data_name: str, seed: int, epochs: int) -> str:
         images, labels = images_and_labels(split)
         digest.update(images.contiguous().numpy().tobytes())
         digest.update(labels.to(torch.int64).contiguous().numpy().tobytes())
+    recipe = recipe_for(data.name)
     identity = [data_name, data.image_size, data.channels, data.num_classes, seed, epochs]
+    identity += [recipe.width, recipe.label_smoothing]
     digest.update(json.dumps([*identity, EXTRACTOR_VERSION]).encode())
     return digest.hexdigest()
 
@@ -81,11 +84,12 @@ def load_or_train_extractor(
     seed: int = 0,
     device: torch.device | str = "cpu",
     min_accuracy: float = 0.95,
-    epochs: int = DEFAULT_EPOCHS,
+    epochs: int | None = None,
 ) -> CachedExtractor:
     """The extractor of ``data`` from ``cache_dir``, trained and cached there when absent.
 
-    ``data_name`` (default ``data.name``) names the cache files; an unreadable or inconsistent
+    ``epochs`` (default: the data set's recipe) overrides the recipe's epochs. ``data_name``
+    (default ``data.name``) names the cache files; an unreadable or inconsistent
     cache file is retrained with a warning, never fatal. The extractor is refused with a
     ``ValueError`` when its test accuracy is below ``min_accuracy`` (its weights stay cached, so
     a rerun with a lower threshold does not retrain).
@@ -93,6 +97,7 @@ def load_or_train_extractor(
     if not 0.0 <= min_accuracy <= 1.0:
         raise ValueError(f"min_accuracy must be in [0, 1], got {min_accuracy}")
     data_name = data.name if data_name is None else data_name
+    epochs = recipe_for(data.name).epochs if epochs is None else epochs
     key = _cache_key(data, data_name, seed, epochs)
     stem = f"extractor-{re.sub(r'[^A-Za-z0-9_.-]', '_', data_name)}-{key[:16]}"
     folder = Path(cache_dir).expanduser()
