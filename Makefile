@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install --disable-pip-version-check -q torch==2.14.1 torchvision==0.29.1 \
 	  || $(PIP) install --disable-pip-version-check -q torch torchvision
 	$(PIP) install --disable-pip-version-check -q -e '.[dev,all]'
+	# MOSES benchmark files (graphcl --data moses*); --no-deps: its other pins are not needed.
+	$(PIP) install --disable-pip-version-check -q --no-deps molsets==0.3.1
 	touch $(STAMP)
 
 demo: $(STAMP)
