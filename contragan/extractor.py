@@ -287,13 +287,11 @@ def classifier_accuracy(model: FeatureExtractor, images: Tensor, labels: Tensor)
     return float((predictions == labels.cpu()).to(torch.float64).mean())
 
 
-def new_classifier(
-    like: ImageData | FeatureExtractor, *, seed: int, width: int | None = None
-) -> FeatureExtractor:
+def new_classifier(like: ImageData | FeatureExtractor, *, seed: int) -> FeatureExtractor:
     """A freshly initialised extractor (weights a function of ``seed``) for ``like``'s images.
 
-    Given an extractor, its settings are copied; given data, ``width`` defaults to the data
-    set's recipe (:func:`recipe_for`).
+    Given an extractor, its settings are copied; given data, the width is the data set's recipe's
+    (:func:`recipe_for`).
     """
     if isinstance(like, FeatureExtractor):
         settings = like.settings()
@@ -304,7 +302,7 @@ def new_classifier(
             "in_channels": like.channels,
             "num_classes": like.num_classes,
             "image_size": like.image_size,
-            "width": recipe_for(like.name).width if width is None else width,
+            "width": recipe_for(like.name).width,
         }
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's stream
         torch.manual_seed(seed)
