@@ -183,18 +183,21 @@ def resume_config(cfg: Config) -> dict[str, Any]:
     return plain
 
 
-# The digits networks at 32×32, batch 64, 2 D steps per G step.
+# The digits networks at 16×16, batch 64, 2 D steps per G step, 1000 G steps: where ProjGAN's
+# GAN-test on digits has levelled off (0.18 after 500 steps, 0.98 after 1000) and the grids
+# are recognisable digits; a few minutes on 2 CPU cores.
 QUICK: dict[str, Any] = {
     "data": "digits",
     "arch": "digits",
+    "image_size": 16,
     "batch_size": 64,
     "n_dis": 2,
-    "max_steps": 300,
+    "max_steps": 1000,
     "ema_decay": 0.99,  # an average over ~100 steps: 0.999 would still be the step-100 G
     "ema_start": 100,
     "log_every": 10,
-    "eval_every": 100,
-    "checkpoint_every": 100,
+    "eval_every": 250,
+    "checkpoint_every": 250,
 }
 
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ __all__ = [
     "FIGURES",
     "class_grid",
     "class_term",
+    "comparison_table",
     "curve_keys",
+    "plot_grids",
     "plot_intra_fd",
     "plot_losses",
     "results_table",
@@ -153,11 +156,39 @@ def results_table(
     generated: dict[str, tuple[float, float]], real: dict[str, tuple[float, float]]
 ) -> str:
     """Markdown: every figure, generated (mean ± std) next to real-vs-real."""
-    lines = ["| figure | better | generated | real vs real |", "|---|---|---|---|"]
+    return comparison_table({"generated": generated}, real)
+
+
+def comparison_table(
+    columns: Mapping[str, Mapping[str, tuple[float, float]]],
+    real: Mapping[str, tuple[float, float]],
+) -> str:
+    """Markdown: every figure (mean ± std) of each named generator, then real-vs-real."""
+    names = list(columns)
+    lines = [
+        "| figure | better | " + " | ".join(names) + " | real vs real |",
+        "|---|---|" + "---|" * (len(names) + 1),
+    ]
     for key, better in FIGURES.items():
-        g, r = generated[key], real[key]
-        lines.append(f"| {key} | {better} | {g[0]:.4g} ± {g[1]:.2g} | {r[0]:.4g} ± {r[1]:.2g} |")
+        cells = [f"{columns[n][key][0]:.4g} ± {columns[n][key][1]:.2g}" for n in names]
+        r = real[key]
+        lines.append(f"| {key} | {better} | " + " | ".join(cells) + f" | {r[0]:.4g} ± {r[1]:.2g} |")
     return "\n".join(lines)
+
+
+def plot_grids(grids: Mapping[str, Path], path: Path) -> Path:
+    """Sample grids (image files) side by side, each under its title, in one figure."""
+    from matplotlib.figure import Figure
+    from matplotlib.image import imread
+
+    fig = Figure(figsize=(4.2 * len(grids), 4.6))
+    axes = fig.subplots(1, len(grids), squeeze=False)[0]
+    for ax, (title, grid) in zip(axes, grids.items(), strict=True):
+        ax.imshow(imread(grid))
+        ax.set_title(title, fontsize=9)
+        ax.axis("off")
+    fig.tight_layout()
+    return save_figure(fig, path)
 
 
 def plot_intra_fd(

@@ -40,14 +40,24 @@ def test_clae_and_loco_sections_copy_their_plots_and_report_their_numbers(tmp_pa
     assert f"| 4 | {100 * learned[3]:.1f} | {100 * baseline[3]:.1f} |" in loco_text
 
 
-def test_contragan_section_shows_its_grid_and_every_figure_next_to_real(tmp_path: Path) -> None:
+def test_contragan_section_shows_both_grids_and_every_figure_next_to_real(tmp_path: Path) -> None:
     out = RunDir(tmp_path / "demo")
     out.plots.mkdir(parents=True)
     numbers, text = tour.contragan_section(out, seed=0, steps=2)
     assert {p.name for p in out.plots.glob("*.png")} == {
         "contragan_samples.png",
         "contragan_losses.png",
+        "contragan_proxy_losses.png",
     }
-    assert numbers["contragan_digits/steps"] == 2
+    for name in tour.GAN_VARIANTS:
+        assert numbers[f"{name}_digits/steps"] == 2
+        for key in ("fd", "gan_test_acc", "cas_acc", "precision", "coverage"):
+            assert isinstance(numbers[f"{name}_digits/{key}"], float)
+    # one table: a column per variant, then real vs real
+    header = next(line for line in text.splitlines() if line.startswith("| figure |"))
+    assert header.count("|") == 2 + len(tour.GAN_VARIANTS) + 2
     for key in ("fd", "gan_test_acc", "cas_acc", "precision", "coverage"):
-        assert f"| {key} |" in text and isinstance(numbers[f"contragan_digits/{key}"], float)
+        assert f"| {key} |" in text
+    assert "--class-positives proxy --tau 0.1" in text
+    gan_test = numbers["contragan_proxy_digits/gan_test_acc"]
+    assert f"GAN-test {gan_test:.2f}" in text
