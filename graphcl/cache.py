@@ -24,7 +24,7 @@ from graphcl.features import LAYOUTS
 from graphcl.sources import Plan
 from shared.checkpoint import atomic_write
 
-__all__ = ["CACHE_FORMAT", "cache_path", "read_state", "write_state"]
+__all__ = ["CACHE_FORMAT", "cache_folder", "cache_path", "read_state", "write_state"]
 
 CACHE_FORMAT = 1
 
@@ -37,7 +37,7 @@ def cache_path(
     cache_dir: Path | Literal[False] | None,
 ) -> Path | None:
     """The cache file of a source read with these options, or None when the cache is off."""
-    folder = _cache_folder(cache_dir)
+    folder = cache_folder(cache_dir)
     if folder is None:
         return None
     key = _cache_key(plan, smiles_column, targets, layout)
@@ -72,7 +72,9 @@ def read_state(path: Path) -> dict[str, Any] | None:
     return state
 
 
-def _cache_folder(cache_dir: Path | Literal[False] | None) -> Path | None:
+def cache_folder(cache_dir: Path | Literal[False] | None) -> Path | None:
+    """The cache's folder: ``cache_dir``, else ``$CONTRASTKIT_CACHE``, else the user's cache;
+    None when ``cache_dir`` is False (no cache)."""
     if cache_dir is False:
         return None
     if cache_dir is None:

@@ -43,7 +43,8 @@ class PretrainConfig:
 
     # group: data
     data: str = "bundled"
-    """bundled (about 9K offline molecules), freesolv, solubility, a .csv/.sdf/.smi file,
+    """bundled (about 9K offline molecules), moses (1.58M ZINC molecules, offline once molsets is
+    installed; also moses-test, moses-scaffolds), freesolv, solubility, a .csv/.sdf/.smi file,
     moleculenet:NAME or tu:NAME (with --data-root)"""
     smiles_column: str = "smiles"
     """the CSV column that holds the SMILES (matched case-insensitively when unique)"""
@@ -53,7 +54,8 @@ class PretrainConfig:
     """atom/bond features: pyg (PyG's from_smiles) or pretrain-gnns (Hu et al.'s 2+2 layout, for
     their data and weights)"""
     max_molecules: int | None = None
-    """read only the first N molecules, >= 1 (quick runs); none: all"""
+    """a random subset of N molecules drawn with --seed, >= 1 (moses: only those rows are
+    featurised); none: all"""
     # group: model
     encoder: Literal["gin", "tu_gin"] = "gin"
     """gin (Hu et al.'s molecular GIN with bond features) or tu_gin (GraphCL's TU GIN: sum
@@ -257,8 +259,10 @@ class ProbeConfig:
     """the folder of PyG's MoleculeNet / TUDataset for moleculenet:NAME and tu:NAME"""
     split: Literal["scaffold", "random"] = "scaffold"
     """scaffold (Bemis–Murcko, 80/10/10) or random train/test split"""
+    max_molecules: int | None = None
+    """a random subset of N molecules drawn with --seed, >= 1; none: all"""
     # group: run
-    seed: int = 0  # random seed of the split and the probes; any integer >= 0
+    seed: int = 0  # random seed of the split, the subset and the probes; any integer >= 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: CUDA when available, else CPU; or force cpu / cuda"""
     out: Path | None = None  # run folder; none: runs/graphcl/probe-<time>
@@ -266,6 +270,8 @@ class ProbeConfig:
     def __post_init__(self) -> None:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.max_molecules is not None and self.max_molecules < 1:
+            raise ValueError(f"max_molecules must be >= 1, got {self.max_molecules}")
 
 
 @dataclass(frozen=True)

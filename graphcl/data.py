@@ -45,23 +45,30 @@ the cache off.
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Batch, Data
 
-from graphcl.cache import cache_path, read_state, write_state
+from graphcl.cache import cache_folder, cache_path, read_state, write_state
 from graphcl.features import LAYOUTS, featurize
-from graphcl.sources import BUNDLED, Plan, plan_source
+from graphcl.shards import ShardedGraphs, build_store, open_store, store_folder
+from graphcl.sources import BUNDLED, MOSES, Plan, moses_file, plan_source, read_moses_rows
 from graphcl.splits import Split, random_split, scaffold_split, stratified_split
 from graphcl.targets import TaskKind, parse_targets
 from shared import skipped as skipped_inputs
 
 __all__ = [
     "BUNDLED",
+    "MOSES",
     "MoleculeData",
     "Split",
     "collate_graphs",
@@ -69,7 +76,9 @@ __all__ = [
     "random_split",
     "scaffold_split",
     "skipped_summary",
+    "store_line",
     "stratified_split",
+    "subset_molecules",
     "write_skipped",
 ]
 
@@ -79,21 +88,24 @@ class MoleculeData(NamedTuple):
 
     ``graphs[i]`` has ``smiles[i]`` and, when there are targets, ``y = targets[i:i+1]``.
     ``official_test[i]`` is True for molecules of a source's official test file (solubility);
-    None for sources without one.
+    None for sources without one. The MOSES sources hold their graphs in a
+    :class:`graphcl.shards.ShardedGraphs` (memory-mapped, with a fast ``collate``) and say in
+    ``store`` how their shard store was built and opened (molecules/s, seconds, size on disk).
 
     Shape:
         targets: ``(N, T)`` float32 with NaN for missing labels; official_test: ``(N,)`` bool
     """
 
     name: str
-    graphs: list[Data]
-    smiles: list[str]
+    graphs: Sequence[Data]
+    smiles: Sequence[str]
     targets: Tensor | None
     target_names: tuple[str, ...]
     task: TaskKind | None
     skipped: tuple[tuple[str, str, str], ...]
     layout: str
     official_test: Tensor | None = None
+    store: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------- public API
@@ -108,6 +120,10 @@ def load_molecules(
     root: Path | None = None,
     cache_dir: Path | Literal[False] | None = None,
     task: str | None = None,
+    max_molecules: int | None = None,
+    seed: int = 0,
+    workers: int | None = None,
+    progress: bool = False,
 ) -> MoleculeData:
     """Read, parse and featurise a molecule source (see the module docstring), cached on disk.
 
@@ -124,6 +140,11 @@ def load_molecules(
         cache_dir: where parsed sources are cached; None for the default, False for no cache
         task: ``"regression"`` / ``"classification"``, or None to use the source's documented
             task or infer it from the targets
+        max_molecules: keep a random subset of this many molecules, drawn with ``seed`` (in
+            the source's order); None: all. The MOSES sources draw rows of the file before
+            featurising, so only those are featurised (rows that do not parse are skipped)
+        workers: the MOSES sources: processes that featurise shards (None: every core)
+        progress: the MOSES sources: a progress bar while shards are built
 
     Raises:
         ValueError: unknown source name or layout, a missing column, a bad ``task``, or nothing
@@ -133,24 +154,82 @@ def load_molecules(
         raise ValueError(f"unknown feature layout {layout!r}; choose one of {sorted(LAYOUTS)}")
     if task not in (None, "regression", "classification"):
         raise ValueError(f"task must be 'regression', 'classification' or None, got {task!r}")
+    if max_molecules is not None and max_molecules < 1:
+        raise ValueError(f"max_molecules must be >= 1 or None, got {max_molecules}")
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    if isinstance(source, str) and source in MOSES:
+        if targets:
+            raise ValueError(f"{source} holds SMILES only, no targets; got targets={targets}")
+        return _load_moses(source, layout, cache_dir, max_molecules, seed, workers, progress)
     if isinstance(source, str) and source.startswith("tu:"):
-        return _load_tu(source[3:], root)
+        return subset_molecules(_load_tu(source[3:], root), max_molecules, seed)
     plan = plan_source(source, smiles_column, targets, root, task)
     path = cache_path(plan, smiles_column, targets, layout, cache_dir)
     if path is not None and path.is_file():
         state = read_state(path)
         if state is not None:
-            return _from_cache_state(state)
+            return subset_molecules(_from_cache_state(state), max_molecules, seed)
     data = _assemble(plan, layout)
     if path is not None:
         write_state(path, _cache_state(data))
-    return data
+    return subset_molecules(data, max_molecules, seed)
 
 
-def collate_graphs(graphs: list[Data]) -> Batch:
-    """One disjoint-union batch (``Batch.from_data_list``); a DataLoader ``collate_fn``."""
-    return Batch.from_data_list(graphs)
+def subset_molecules(data: MoleculeData, max_molecules: int | None, seed: int) -> MoleculeData:
+    """A random subset of ``max_molecules`` molecules of ``data`` drawn with ``seed``, in their
+    order (graphs, SMILES, targets and official-test flags alike; the skipped list is kept);
+    ``data`` itself when it holds no more than that or ``max_molecules`` is None."""
+    if max_molecules is None or max_molecules >= len(data.graphs):
+        return data
+    ids = _draw(len(data.graphs), max_molecules, seed)
+    keep = torch.from_numpy(ids)
+    if isinstance(data.graphs, ShardedGraphs):
+        graphs: Sequence[Data] = data.graphs.subset(ids)
+        smiles: Sequence[str] = graphs.smiles  # type: ignore[attr-defined]
+    else:
+        graphs = [data.graphs[i] for i in ids.tolist()]
+        smiles = [data.smiles[i] for i in ids.tolist()]
+    return data._replace(
+        graphs=graphs,
+        smiles=smiles,
+        targets=None if data.targets is None else data.targets[keep],
+        official_test=None if data.official_test is None else data.official_test[keep],
+    )
+
+
+def _draw(total: int, count: int, seed: int) -> np.ndarray:
+    """``count`` of ``range(total)`` without replacement, drawn with ``seed``, sorted."""
+    return np.sort(np.random.default_rng(seed).choice(total, size=count, replace=False))
+
+
+def collate_graphs(graphs: Sequence[Data]) -> Batch:
+    """One disjoint-union batch (``Batch.from_data_list``); a DataLoader ``collate_fn``. A
+    :class:`graphcl.shards.ShardedGraphs` is sliced from its arrays into the same batch."""
+    if isinstance(graphs, ShardedGraphs):
+        return graphs.collate(range(len(graphs)))
+    return Batch.from_data_list(list(graphs))
+
+
+def store_line(store: dict[str, Any]) -> str:
+    """One line on a shard store (``MoleculeData.store``): how many rows, what was built now
+    and how fast, its size on disk, how long it took to open, where it is."""
+    shards = store["shards_built"] + store["shards_reused"]
+    if store["shards_built"]:
+        built = (
+            f"{store['shards_built']} built now in {store['build_seconds']:.1f} s "
+            f"({store['build_molecules_per_s']:,.0f} molecules/s)"
+        )
+        if store["damaged_shards"]:
+            built += f", {len(store['damaged_shards'])} of them damaged and rebuilt"
+        if store["shards_reused"]:
+            built += f", {store['shards_reused']} found finished"
+    else:
+        built = "all found finished"
+    return (
+        f"molecule store: {store['rows']:,} rows in {shards} shards ({built}), "
+        f"{store['size_bytes'] / 2**20:,.1f} MiB on disk, opened in {store['open_seconds']:.2f} s: "
+        f"{store['folder']}"
+    )
 
 
 def write_skipped(data: MoleculeData, path: str | Path) -> None:
@@ -200,6 +279,61 @@ def _load_tu(name: str, root: Path | None) -> MoleculeData:
         task="classification" if targets is not None else None,
         skipped=(),
         layout="tu",
+    )
+
+
+def _load_moses(
+    name: str,
+    layout: str,
+    cache_dir: Path | Literal[False] | None,
+    max_molecules: int | None,
+    seed: int,
+    workers: int | None,
+    progress: bool,
+) -> MoleculeData:
+    """A MOSES file through the shard store (:mod:`graphcl.shards`): the rows (all, or a
+    seeded subset) are featurised once, in worker processes, and memory-mapped from then on."""
+    path = moses_file(name)
+    start = time.perf_counter()
+    texts = read_moses_rows(path)
+    lines = np.arange(2, len(texts) + 2)  # row i is on line i + 2, after the header
+    subset: dict[str, Any] = {"rows": "all"}
+    if max_molecules is not None and max_molecules < len(texts):
+        rows = _draw(len(texts), max_molecules, seed)
+        texts, lines = [texts[i] for i in rows.tolist()], lines[rows]
+        subset = {"rows": max_molecules, "seed": seed}
+    root = cache_folder(cache_dir)
+    if root is None:  # no cache: the shards live in a temporary folder until exit
+        root = Path(tempfile.mkdtemp(prefix="graphcl-shards-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+    key = {"source": name, "layout": LAYOUTS[layout].version, **subset}
+    folder = store_folder(root, name, key, [path])
+    built = build_store(folder, texts, lines, path.name, layout, workers=workers, progress=progress)
+    opened = time.perf_counter()
+    graphs, skipped = open_store(folder)
+    now = time.perf_counter()
+    store = {
+        "folder": str(folder),
+        "rows": len(texts),
+        "shards_built": built.built,
+        "shards_reused": built.reused,
+        "damaged_shards": list(built.damaged),
+        "build_seconds": round(built.seconds, 2),
+        "build_molecules_per_s": round(built.molecules / built.seconds, 1) if built.built else None,
+        "open_seconds": round(now - opened, 2),
+        "total_seconds": round(now - start, 2),
+        "size_bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
+    }
+    return MoleculeData(
+        name=name,
+        graphs=graphs,
+        smiles=graphs.smiles,
+        targets=None,
+        target_names=(),
+        task=None,
+        skipped=tuple(skipped),
+        layout=layout,
+        store=store,
     )
 
 

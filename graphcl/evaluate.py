@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ __all__ = [
 
 @torch.no_grad()
 def embed(
-    encoder: nn.Module, graphs: list[Any], device: torch.device, batch_size: int = 512
+    encoder: nn.Module, graphs: Sequence[Any], device: torch.device, batch_size: int = 512
 ) -> Tensor:
     """Graph representations h of ``graphs`` in eval mode (restored after), on the CPU.
 

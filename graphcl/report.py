@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def augmentation_views(graph: Any, layout: str, p: float, seed: int) -> tuple[li
     return views, legends
 
 
-def _logp_bins(smiles: list[str], bins: int = 5) -> Tensor:
+def _logp_bins(smiles: Sequence[str], bins: int = 5) -> Tensor:
     """Quintiles of Crippen logP (a property computed from the molecule) as integer labels."""
     values = []
     for text in smiles:

@@ -28,10 +28,13 @@ from graphcl.data import (
     collate_graphs,
     load_molecules,
     skipped_summary,
+    store_line,
+    subset_molecules,
     write_skipped,
 )
 from graphcl.models import GraphCLModel, pretrain_model, pretrain_names, save_pretrained
 from graphcl.report import open_run, pretrain_plots
+from graphcl.shards import ShardedGraphs
 from graphcl.steps import joao_end_epoch, pretrain_step, view_maker
 from shared.config import parse_config, save_config
 from shared.runs import write_report, write_summary
@@ -73,9 +76,17 @@ def build(
     """Data, model (DDP-wrapped when distributed), optimizer and view makers."""
     if data is None:
         data = load_molecules(
-            cfg.data, smiles_column=cfg.smiles_column, layout=cfg.layout, root=cfg.data_root
+            cfg.data,
+            smiles_column=cfg.smiles_column,
+            layout=cfg.layout,
+            root=cfg.data_root,
+            max_molecules=cfg.max_molecules,
+            seed=cfg.seed,
+            progress=env.rank == 0,
         )
-    graphs = data.graphs[: cfg.max_molecules] if cfg.max_molecules else data.graphs
+    else:
+        data = subset_molecules(data, cfg.max_molecules, cfg.seed)
+    graphs = data.graphs
     if len(graphs) < cfg.batch_size:
         raise ValueError(
             f"batch_size {cfg.batch_size} is larger than the {len(graphs)} molecules of "
@@ -84,14 +95,16 @@ def build(
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = pretrain_model(cfg).to(device)
     seed_everything(cfg.seed, rank=env.rank)  # each rank its own views from here on
+    # a shard store: the loader draws molecule positions and slices them from its arrays
+    sharded = isinstance(graphs, ShardedGraphs)
     loader = make_loader(
-        cast(Dataset[Any], graphs),
+        cast(Dataset[Any], range(len(graphs)) if sharded else graphs),
         cfg.batch_size,
         shuffle=True,
         seed=cfg.seed,
         dist=env,
         num_workers=cfg.num_workers,
-        collate_fn=collate_graphs,
+        collate_fn=graphs.collate if isinstance(graphs, ShardedGraphs) else collate_graphs,
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     views = tuple(view_maker(name, cfg) for name in pretrain_names(cfg))
@@ -113,6 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             write_skipped(built.data, run.path / "skipped.csv")
             if built.data.skipped:
                 print(skipped_summary(built.data))
+            if built.data.store is not None:
+                print(store_line(built.data.store))
         loop_cfg = LoopConfig(
             epochs=cfg.epochs,
             max_steps=cfg.max_steps,
@@ -147,6 +162,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "steps": result.step,
                 "final_loss": result.metrics.get("loss"),
             }
+            if built.data.store is not None:
+                summary["store"] = built.data.store
             pretrain_plots(run, model, built.data, cfg, device)
             write_summary(run.summary_path, summary)
             write_report(run, f"graphcl pretrain on {built.data.name}", {"Run": __doc__ or ""})

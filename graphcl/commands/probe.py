@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         layout=config["layout"],
         root=cfg.data_root,
         task=None if cfg.task == "auto" else cfg.task,
+        max_molecules=cfg.max_molecules,
+        seed=cfg.seed,
     )
     if data.targets is None:
         raise ValueError(f"data {cfg.data!r} has no targets; name them with --target")
