@@ -217,7 +217,9 @@ def store_line(store: dict[str, Any]) -> str:
     if store["shards_built"]:
         built = (
             f"{store['shards_built']} built now in {store['build_seconds']:.1f} s "
-            f"({store['build_molecules_per_s']:,.0f} molecules/s)"
+            f"({store['build_molecules_per_s']:,.0f} molecules/s; peak memory "
+            f"{store['peak_rss_mib']:,.0f} MiB here, {store['worker_peak_rss_mib']:,.0f} MiB in "
+            "a worker)"
         )
         if store["damaged_shards"]:
             built += f", {len(store['damaged_shards'])} of them damaged and rebuilt"
@@ -320,6 +322,8 @@ def _load_moses(
         "damaged_shards": list(built.damaged),
         "build_seconds": round(built.seconds, 2),
         "build_molecules_per_s": round(built.molecules / built.seconds, 1) if built.built else None,
+        "peak_rss_mib": built.peak_rss_mib,
+        "worker_peak_rss_mib": built.worker_peak_rss_mib if built.built else None,
         "open_seconds": round(now - opened, 2),
         "total_seconds": round(now - start, 2),
         "size_bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),

@@ -33,6 +33,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import sys
 import uuid
 import warnings
 from collections.abc import Iterator, Sequence
@@ -67,13 +68,16 @@ _ARRAYS = ("x", "edge_index", "edge_attr", "node_ptr", "edge_ptr", "smiles", "sm
 
 class BuildStats(NamedTuple):
     """What :func:`build_store` did: shards built now and found finished, molecules featurised
-    now, seconds spent, and the damaged shards it rebuilt (their names)."""
+    now, seconds spent, the damaged shards it rebuilt (their names), and the peak resident
+    memory (MiB) of this process and of the largest worker process so far."""
 
     built: int
     reused: int
     molecules: int
     seconds: float
     damaged: tuple[str, ...]
+    peak_rss_mib: float
+    worker_peak_rss_mib: float
 
 
 def store_folder(
@@ -258,7 +262,7 @@ def build_store(
     for stale in folder.glob(".shard-*.partial-*"):  # a build killed mid-shard
         shutil.rmtree(stale, ignore_errors=True)
     chunks = _chunks(len(texts), per_shard)
-    todo: list[tuple[str, tuple[int, int], list[str], list[int], str, str]] = []
+    todo: list[tuple[Path, tuple[int, int]]] = []
     damaged: list[str] = []
     for index, rows in enumerate(chunks):
         shard = folder / f"shard-{index:05d}"
@@ -271,13 +275,17 @@ def build_store(
                 stacklevel=2,
             )
         if why:
-            a, b = rows
-            todo.append(
-                (str(shard), rows, list(texts[a:b]), [int(n) for n in lines[a:b]], label, layout)
-            )
+            todo.append((shard, rows))
+
+    def jobs() -> Iterator[tuple[str, tuple[int, int], list[str], list[int], str, str]]:
+        # made one at a time as workers ask for them: one shard's rows in flight per worker
+        for shard, (a, b) in todo:
+            texts_of, lines_of = list(texts[a:b]), [int(n) for n in lines[a:b]]
+            yield str(shard), (a, b), texts_of, lines_of, label, layout
+
     cores = workers or os.cpu_count() or 1
     bar = tqdm(
-        total=sum(len(job[2]) for job in todo),
+        total=sum(b - a for _, (a, b) in todo),
         unit="mol",
         desc="featurising",
         disable=not progress or not todo,
@@ -285,21 +293,38 @@ def build_store(
     kept = 0
     try:
         if cores == 1 or len(todo) <= 1:
-            for job in todo:
+            for job in jobs():
                 rows_done, molecules = _shard_job(job)
                 kept += molecules
                 bar.update(rows_done)
         else:
             context = multiprocessing.get_context("spawn")  # no forked torch/OpenMP state
             with context.Pool(min(cores, len(todo))) as pool:
-                for rows_done, molecules in pool.imap_unordered(_shard_job, todo):
+                for rows_done, molecules in pool.imap_unordered(_shard_job, jobs()):
                     kept += molecules
                     bar.update(rows_done)
     finally:
         bar.close()
     return BuildStats(
-        len(todo), len(chunks) - len(todo), kept, time.perf_counter() - start, tuple(damaged)
+        len(todo),
+        len(chunks) - len(todo),
+        kept,
+        time.perf_counter() - start,
+        tuple(damaged),
+        _peak_rss_mib(children=False),
+        _peak_rss_mib(children=True),
     )
+
+
+def _peak_rss_mib(*, children: bool) -> float:
+    """The peak resident memory of this process or of its largest finished child, in MiB
+    (Linux reports KiB, macOS bytes); NaN where the platform has no ``resource`` (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return float("nan")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF)
+    return round(peak.ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
 # --------------------------------------------------------------------------- reading
