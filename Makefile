@@ -32,7 +32,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 pytest: $(STAMP)
-	$(PY) -m pytest -q -n $(WORKERS) tests
+	$(PY) -m pytest -q -n $(WORKERS) --durations=30 tests
 	# the GPU tests' bodies on the CPU, so they cannot rot on machines without CUDA
 	CONTRASTKIT_TEST_DEVICE=cpu $(PY) -m pytest -q -n $(WORKERS) -m cuda tests
 

@@ -217,7 +217,9 @@ class SampleConfig:
     """classes to draw, one row each: all, or ids and ranges such as 0-9, 1,3,5 or 0-2,7"""
     per_class: int = 8  # samples per class (columns of the grid), >= 1
     # group: run
-    out: Path = Path("samples.png")  # the PNG file of the grid
+    out: Path = Path("samples.png")
+    """the grid's .png/.jpg file, or a folder (existing, or a name without a suffix) for
+    samples.png inside it"""
     tensors: Path | None = None
     """also save the samples and labels to this safetensors file; none: no"""
     # group: method

@@ -8,6 +8,7 @@ samples (float in [-1, 1]) and their labels as safetensors.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import safetensors.torch
@@ -20,7 +21,7 @@ from shared.checkpoint import atomic_write
 from shared.config import parse_config
 from shared.runtime import runs_on_this_rank, select_device
 
-__all__ = ["main", "parse_classes"]
+__all__ = ["grid_path", "main", "parse_classes"]
 
 
 def parse_classes(spec: str, num_classes: int) -> list[int]:
@@ -48,6 +49,18 @@ def parse_classes(spec: str, num_classes: int) -> list[int]:
     return classes
 
 
+def grid_path(out: Path) -> Path:
+    """Where ``--out`` puts the grid: ``samples.png`` inside a folder (an existing one, or a
+    name without a suffix, created), else the file itself, which must be .png or .jpg."""
+    if out.is_dir() or not out.suffix:
+        out.mkdir(parents=True, exist_ok=True)
+        return out / "samples.png"
+    if out.suffix.lower() not in (".png", ".jpg", ".jpeg"):
+        raise ValueError(f"--out {out}: the grid is an image, name a .png or .jpg file or a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``contragan sample --checkpoint RUN/checkpoints/last.pt [options]``."""
     cfg = parse_config(SampleConfig, argv, prog="contragan sample", presets={"quick": {}})
@@ -55,18 +68,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     assert cfg.checkpoint is not None  # SampleConfig requires it
     device = select_device(cfg.device)
+    grid = grid_path(cfg.out)
     _, arch, generator = load_generator(cfg.checkpoint, device=device, ema=cfg.ema)
     classes = parse_classes(cfg.classes, arch.num_classes)
     images = save_class_grid(
         generator,
         arch,
-        cfg.out,
+        grid,
         device=device,
         seed=cfg.seed,
         classes=classes,
         per_class=cfg.per_class,
     )
-    grid = cfg.out
     result: dict[str, Any] = {"grid": str(grid), "classes": classes, "per_class": cfg.per_class}
     if cfg.tensors is not None:
         labels = torch.tensor(classes).repeat_interleave(cfg.per_class)

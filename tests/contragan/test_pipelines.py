@@ -15,8 +15,8 @@ import torch
 
 from contragan.cli import main as cli_main
 from contragan.commands.evaluate import main as evaluate_main
+from contragan.commands.sample import grid_path, parse_classes
 from contragan.commands.sample import main as sample_main
-from contragan.commands.sample import parse_classes
 from contragan.commands.train import main as train_main
 from contragan.models import load_generator
 from contragan.steps import GanUpdater
@@ -143,6 +143,15 @@ def test_sample_draws_one_row_per_class_reproducibly(tmp_path: Path) -> None:
     assert torch.equal(a["images"], b["images"])
     assert a["images"].shape == (12, 1, 16, 16) and a["images"].abs().max() <= 1
     assert a["labels"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 7, 7, 7]
+
+
+def test_sample_out_may_name_a_folder_and_refuses_other_files(tmp_path: Path) -> None:
+    assert grid_path(tmp_path) == tmp_path / "samples.png"  # an existing folder
+    assert grid_path(tmp_path / "new" / "grids") == tmp_path / "new" / "grids" / "samples.png"
+    assert (tmp_path / "new" / "grids").is_dir()
+    assert grid_path(tmp_path / "deep" / "g.JPG") == tmp_path / "deep" / "g.JPG"
+    with pytest.raises(ValueError, match=r"--out .*grid\.pt: the grid is an image"):
+        grid_path(tmp_path / "grid.pt")
 
 
 def test_parse_classes() -> None:
