@@ -1,11 +1,11 @@
 """Class-conditional GANs side by side: same networks, same budget, several seeds.
 
 Trains ``contragan train`` for every variant of :data:`VARIANTS` (faithful ContraGAN, ContraGAN
-with proxy-only positives, ReACGAN's D2D-CE, ProjGAN, ACGAN) on each data set (the small digits
-networks, ``--steps`` G steps of batch 64 with ``--n-dis`` D steps each, ``--image-size``
-pixels) for every seed, evaluates each run's EMA generator with ``contragan evaluate`` (one
-generated set per run) and prints every figure as mean ± std over the training seeds next to
-real-vs-real (train images against the test split, over the same seeds).
+with proxy-only positives, ReACGAN's D2D-CE at its CIFAR-10 τ and at τ 0.1, ProjGAN, ACGAN) on
+each data set (the small digits networks, ``--steps`` G steps of batch 64 with ``--n-dis`` D
+steps each, ``--image-size`` pixels) for every seed, evaluates each run's EMA generator with
+``contragan evaluate`` (one generated set per run) and prints every figure as mean ± std over
+the training seeds next to real-vs-real (train images against the test split, over the same seeds).
 
 ``--curve`` first trains ProjGAN (seed 0) in segments, resuming the same run, and evaluates it
 after each, so the table shows where its GAN-test levels off: the budget of the comparison
@@ -44,7 +44,14 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         "ContraGAN: 2C with proxy-only positives, τ 0.1",
         ["--loss", "contra", "--class-positives", "proxy", "--tau", "0.1"],
     ),
-    "reacgan": ("ReACGAN: D2D-CE, λ 0.5, m_p 0.98, τ 0.5", ["--loss", "reacgan"]),
+    "reacgan": (
+        "ReACGAN: D2D-CE, λ 0.5, m_p 0.98, τ 0.5 (its CIFAR-10 config)",
+        ["--loss", "reacgan"],
+    ),
+    "reacgan-t0.1": (
+        "ReACGAN: D2D-CE, λ 0.5, m_p 0.98, τ 0.1",
+        ["--loss", "reacgan", "--tau", "0.1"],
+    ),
     "proj": ("ProjGAN: projection discriminator", ["--loss", "proj"]),
     "ac": ("ACGAN: auxiliary classifier on real and fake", ["--loss", "ac"]),
 }
@@ -65,6 +72,8 @@ def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any)
         done = json.loads((out / "summary.json").read_text()).get("steps")
         if done == steps:
             return 0.0
+    if out.exists() and not last.is_file():
+        shutil.rmtree(out)  # a run cut short before its first checkpoint
     start = time.perf_counter()
     train_main(
         [
@@ -145,7 +154,7 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
     seconds: dict[str, list[float]] = {variant: [] for variant in args.variants}
     grids = args.root / "grids"
     grids.mkdir(parents=True, exist_ok=True)
-    for seed in range(args.seeds):
+    for seed in args.only_seeds or range(args.seeds):
         for variant in args.variants:
             out = args.root / f"{data}-{variant}-s{seed}"
             took = _train(out, data, variant, seed, args.steps, args)
@@ -162,7 +171,8 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
     first = results[args.variants[0]]
     lines += [
         f"\n### {data}: {args.steps} G steps × {args.n_dis} D steps, batch 64, "
-        f"{args.image_size}×{args.image_size}, {args.seeds} seeds (mean ± std over training "
+        f"{args.image_size}×{args.image_size}, {len(args.only_seeds or range(args.seeds))} seeds "
+        "(mean ± std over training "
         f"seeds); extractor test accuracy {100 * first[0]['extractor_test_accuracy']:.1f} %\n",
         "| figure | better | " + " | ".join(args.variants) + " | real vs real |",
         "|---|---|" + "---|" * (len(args.variants) + 1),
@@ -194,6 +204,14 @@ def main(argv: list[str] | None = None) -> None:
         type=lambda text: [int(s) for s in text.split(",")],
         default=[],
         help="comma-separated G steps at which ProjGAN (seed 0) is evaluated, e.g. 500,1000",
+    )
+    parser.add_argument(
+        "--only-seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="train and evaluate these seeds alone (to share the seeds between processes; a "
+        "later run with --seeds N reads them back into one table)",
     )
     parser.add_argument("--root", type=Path, default=Path("runs/bench/contragan"))
     args = parser.parse_args(argv)

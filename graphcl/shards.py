@@ -417,34 +417,60 @@ class ShardedGraphs(Sequence[Data]):
     def collate(self, positions: Sequence[int]) -> Batch:
         """The ``Batch`` that ``Batch.from_data_list([self[i] for i in positions])`` makes,
         sliced from the arrays (tensors, PyG's collation slices and increments, the node
-        counts and SMILES alike); a DataLoader ``collate_fn`` over molecule positions."""
-        xs, edges, attrs, sizes, edge_sizes, smiles = [], [], [], [], [], []
-        for position in positions:
-            shard, local = self._locate(int(self._ids[position]))
-            n0, n1 = shard.node_ptr[local : local + 2]
-            e0, e1 = shard.edge_ptr[local : local + 2]
-            xs.append(shard.x[n0:n1])
-            edges.append(shard.edge_index[:, e0:e1].astype(np.int64))
-            attrs.append(shard.edge_attr[e0:e1])
-            sizes.append(int(n1 - n0))
-            edge_sizes.append(int(e1 - e0))
-            smiles.append(self._smiles(shard, local))
-        num_graphs = len(sizes)
-        node_slices = torch.tensor([0, *sizes]).cumsum(0)  # (G + 1,)
-        edge_slices = torch.tensor([0, *edge_sizes]).cumsum(0)  # (G + 1,)
+        counts and SMILES alike); a DataLoader ``collate_fn`` over molecule positions.
+
+        Vectorised per shard: the rows of every molecule of a shard are gathered with one
+        fancy index per array, straight into their place in the batch.
+        """
+        gids = self._ids[np.asarray(positions, dtype=np.int64)]  # (G,) global ids
+        which = np.searchsorted(self._starts, gids, side="right") - 1  # (G,) shard of each
+        local = gids - self._starts[which]  # (G,) id within its shard
+        num_graphs = len(gids)
+        node_begin, sizes = np.zeros(num_graphs, np.int64), np.zeros(num_graphs, np.int64)
+        edge_begin, edge_sizes = np.zeros(num_graphs, np.int64), np.zeros(num_graphs, np.int64)
+        groups = [(int(s), np.flatnonzero(which == s)) for s in np.unique(which)]
+        for s, members in groups:
+            shard, ids = self._shards[s], local[members]
+            node_begin[members], edge_begin[members] = shard.node_ptr[ids], shard.edge_ptr[ids]
+            sizes[members] = shard.node_ptr[ids + 1] - node_begin[members]
+            edge_sizes[members] = shard.edge_ptr[ids + 1] - edge_begin[members]
+        node_offsets = np.concatenate([[0], sizes.cumsum()])  # (G + 1,)
+        edge_offsets = np.concatenate([[0], edge_sizes.cumsum()])  # (G + 1,)
+        first = self._shards[0]
+        x = np.empty((node_offsets[-1], first.x.shape[1]), np.int64)  # (N, F_atom)
+        edge_index = np.empty((2, edge_offsets[-1]), np.int64)  # (2, E)
+        edge_attr = np.empty((edge_offsets[-1], first.edge_attr.shape[1]), np.int64)  # (E, F)
+        smiles: list[str] = [""] * num_graphs
+        for s, members in groups:
+            shard = self._shards[s]
+            rows = _ranges(node_begin[members], sizes[members])
+            x[_ranges(node_offsets[members], sizes[members])] = shard.x[rows]
+            rows = _ranges(edge_begin[members], edge_sizes[members])
+            into = _ranges(edge_offsets[members], edge_sizes[members])
+            edge_attr[into] = shard.edge_attr[rows]
+            shift = np.repeat(node_offsets[members], edge_sizes[members])  # atoms before
+            edge_index[:, into] = shard.edge_index[:, rows] + shift
+            ids = local[members]
+            text_begin, text_end = shard.smiles_ptr[ids], shard.smiles_ptr[ids + 1]
+            text = shard.smiles[_ranges(text_begin, text_end - text_begin)].tobytes()
+            cut = np.concatenate([[0], (text_end - text_begin).cumsum()]).tolist()
+            for n, member in enumerate(members.tolist()):
+                smiles[member] = text[cut[n] : cut[n + 1]].decode()
+        node_slices = torch.from_numpy(node_offsets)  # (G + 1,)
+        edge_slices = torch.from_numpy(edge_offsets)  # (G + 1,)
         starts = node_slices[:-1]  # (G,) atoms before each molecule
-        edge_index = torch.from_numpy(np.concatenate(edges, axis=1))  # (2, E) local
-        edge_index += torch.repeat_interleave(starts, torch.tensor(edge_sizes))
-        batch_vector = torch.repeat_interleave(torch.arange(num_graphs), torch.tensor(sizes))
+        counts = torch.from_numpy(sizes)
+        batch_vector = torch.repeat_interleave(torch.arange(num_graphs), counts)
         out = Batch(
-            x=torch.from_numpy(np.concatenate(xs).astype(np.int64)),
-            edge_index=edge_index,
-            edge_attr=torch.from_numpy(np.concatenate(attrs).astype(np.int64)),
+            x=torch.from_numpy(x),
+            edge_index=torch.from_numpy(edge_index),
+            edge_attr=torch.from_numpy(edge_attr),
             smiles=smiles,
             batch=batch_vector,
             ptr=node_slices.clone(),
         )
-        set_node_counts(out, sizes)
+        sizes_list = sizes.tolist()
+        set_node_counts(out, sizes_list)
         zeros = torch.zeros(num_graphs, dtype=torch.long)
         slices = {
             "x": node_slices,
@@ -481,6 +507,13 @@ class ShardedSmiles(Sequence[str]):
         if not -len(self) <= index < len(self):
             raise IndexError(f"molecule {index} of {len(self)}")
         return self._graphs.smiles_at(index % len(self))
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(a, a + n) for a, n in zip(starts, lengths)])`` without the loop."""
+    ends = lengths.cumsum()
+    total = int(ends[-1]) if len(ends) else 0
+    return np.repeat(starts - (ends - lengths), lengths) + np.arange(total)
 
 
 def open_store(folder: Path) -> tuple[ShardedGraphs, list[tuple[str, str, str]]]:
