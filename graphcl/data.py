@@ -312,7 +312,7 @@ def _load_moses(
     folder = store_folder(root, name, key, [path])
     built = build_store(folder, texts, lines, path.name, layout, workers=workers, progress=progress)
     opened = time.perf_counter()
-    graphs, skipped = open_store(folder)
+    graphs, skipped = open_store(folder, verify=False)  # build_store verified every shard
     now = time.perf_counter()
     store = {
         "folder": str(folder),

@@ -96,9 +96,8 @@ def build(
     model = pretrain_model(cfg).to(device)
     seed_everything(cfg.seed, rank=env.rank)  # each rank its own views from here on
     # a shard store: the loader draws molecule positions and slices them from its arrays
-    sharded = isinstance(graphs, ShardedGraphs)
     loader = make_loader(
-        cast(Dataset[Any], range(len(graphs)) if sharded else graphs),
+        cast(Dataset[Any], range(len(graphs)) if isinstance(graphs, ShardedGraphs) else graphs),
         cfg.batch_size,
         shuffle=True,
         seed=cfg.seed,
