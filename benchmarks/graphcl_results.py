@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         print(tables[-1], f"\n({time.perf_counter() - start:.0f} s)", flush=True)
     text = "\n".join(tables) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.md").write_text(text, encoding="utf-8")
+    (args.out / "report.md").write_text(text, encoding="utf-8")  # the tables, as printed
     print(text)
 
 

@@ -45,24 +45,20 @@ the cache off.
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Batch, Data
 
-from graphcl.cache import cache_folder, cache_path, read_state, write_state
+from graphcl.cache import cache_path, read_state, write_state
 from graphcl.features import LAYOUTS, featurize
-from graphcl.shards import ShardedGraphs, build_store, open_store, store_folder
-from graphcl.sources import BUNDLED, MOSES, Plan, moses_file, plan_source, read_moses_rows
-from graphcl.splits import Split, random_split, scaffold_split, stratified_split
+from graphcl.moses import MOSES, load_store
+from graphcl.sharded import ShardedGraphs
+from graphcl.sources import BUNDLED, Plan, plan_source
+from graphcl.splits import Split, draw_subset, random_split, scaffold_split, stratified_split
 from graphcl.targets import TaskKind, parse_targets
 from shared import skipped as skipped_inputs
 
@@ -76,7 +72,6 @@ __all__ = [
     "random_split",
     "scaffold_split",
     "skipped_summary",
-    "store_line",
     "stratified_split",
     "subset_molecules",
     "write_skipped",
@@ -89,7 +84,7 @@ class MoleculeData(NamedTuple):
     ``graphs[i]`` has ``smiles[i]`` and, when there are targets, ``y = targets[i:i+1]``.
     ``official_test[i]`` is True for molecules of a source's official test file (solubility);
     None for sources without one. The MOSES sources hold their graphs in a
-    :class:`graphcl.shards.ShardedGraphs` (memory-mapped, with a fast ``collate``) and say in
+    :class:`graphcl.sharded.ShardedGraphs` (memory-mapped, with a fast ``collate``) and say in
     ``store`` how their shard store was built and opened (molecules/s, seconds, size on disk).
 
     Shape:
@@ -160,7 +155,12 @@ def load_molecules(
     if isinstance(source, str) and source in MOSES:
         if targets:
             raise ValueError(f"{source} holds SMILES only, no targets; got targets={targets}")
-        return _load_moses(source, layout, cache_dir, max_molecules, seed, workers, progress)
+        graphs, skipped, store = load_store(
+            source, layout, cache_dir, max_molecules, seed, workers, progress
+        )
+        return MoleculeData(
+            source, graphs, graphs.smiles, None, (), None, tuple(skipped), layout, store=store
+        )
     if isinstance(source, str) and source.startswith("tu:"):
         return subset_molecules(_load_tu(source[3:], root), max_molecules, seed)
     plan = plan_source(source, smiles_column, targets, root, task)
@@ -181,7 +181,7 @@ def subset_molecules(data: MoleculeData, max_molecules: int | None, seed: int) -
     ``data`` itself when it holds no more than that or ``max_molecules`` is None."""
     if max_molecules is None or max_molecules >= len(data.graphs):
         return data
-    ids = _draw(len(data.graphs), max_molecules, seed)
+    ids = draw_subset(len(data.graphs), max_molecules, seed)
     keep = torch.from_numpy(ids)
     if isinstance(data.graphs, ShardedGraphs):
         graphs: Sequence[Data] = data.graphs.subset(ids)
@@ -197,41 +197,12 @@ def subset_molecules(data: MoleculeData, max_molecules: int | None, seed: int) -
     )
 
 
-def _draw(total: int, count: int, seed: int) -> np.ndarray:
-    """``count`` of ``range(total)`` without replacement, drawn with ``seed``, sorted."""
-    return np.sort(np.random.default_rng(seed).choice(total, size=count, replace=False))
-
-
 def collate_graphs(graphs: Sequence[Data]) -> Batch:
     """One disjoint-union batch (``Batch.from_data_list``); a DataLoader ``collate_fn``. A
-    :class:`graphcl.shards.ShardedGraphs` is sliced from its arrays into the same batch."""
+    :class:`graphcl.sharded.ShardedGraphs` is sliced from its arrays into the same batch."""
     if isinstance(graphs, ShardedGraphs):
         return graphs.collate(range(len(graphs)))
     return Batch.from_data_list(list(graphs))
-
-
-def store_line(store: dict[str, Any]) -> str:
-    """One line on a shard store (``MoleculeData.store``): how many rows, what was built now
-    and how fast, its size on disk, how long it took to open, where it is."""
-    shards = store["shards_built"] + store["shards_reused"]
-    if store["shards_built"]:
-        built = (
-            f"{store['shards_built']} built now in {store['build_seconds']:.1f} s "
-            f"({store['build_molecules_per_s']:,.0f} molecules/s; peak memory "
-            f"{store['peak_rss_mib']:,.0f} MiB here, {store['worker_peak_rss_mib']:,.0f} MiB in "
-            "a worker)"
-        )
-        if store["damaged_shards"]:
-            built += f", {len(store['damaged_shards'])} of them damaged and rebuilt"
-        if store["shards_reused"]:
-            built += f", {store['shards_reused']} found finished"
-    else:
-        built = "all found finished"
-    return (
-        f"molecule store: {store['rows']:,} rows in {shards} shards ({built}), "
-        f"{store['size_bytes'] / 2**20:,.1f} MiB on disk, opened in {store['open_seconds']:.2f} s: "
-        f"{store['folder']}"
-    )
 
 
 def write_skipped(data: MoleculeData, path: str | Path) -> None:
@@ -281,63 +252,6 @@ def _load_tu(name: str, root: Path | None) -> MoleculeData:
         task="classification" if targets is not None else None,
         skipped=(),
         layout="tu",
-    )
-
-
-def _load_moses(
-    name: str,
-    layout: str,
-    cache_dir: Path | Literal[False] | None,
-    max_molecules: int | None,
-    seed: int,
-    workers: int | None,
-    progress: bool,
-) -> MoleculeData:
-    """A MOSES file through the shard store (:mod:`graphcl.shards`): the rows (all, or a
-    seeded subset) are featurised once, in worker processes, and memory-mapped from then on."""
-    path = moses_file(name)
-    start = time.perf_counter()
-    texts = read_moses_rows(path)
-    lines = np.arange(2, len(texts) + 2)  # row i is on line i + 2, after the header
-    subset: dict[str, Any] = {"rows": "all"}
-    if max_molecules is not None and max_molecules < len(texts):
-        rows = _draw(len(texts), max_molecules, seed)
-        texts, lines = [texts[i] for i in rows.tolist()], lines[rows]
-        subset = {"rows": max_molecules, "seed": seed}
-    root = cache_folder(cache_dir)
-    if root is None:  # no cache: the shards live in a temporary folder until exit
-        root = Path(tempfile.mkdtemp(prefix="graphcl-shards-"))
-        atexit.register(shutil.rmtree, root, ignore_errors=True)
-    key = {"source": name, "layout": LAYOUTS[layout].version, **subset}
-    folder = store_folder(root, name, key, [path])
-    built = build_store(folder, texts, lines, path.name, layout, workers=workers, progress=progress)
-    opened = time.perf_counter()
-    graphs, skipped = open_store(folder, verify=False)  # build_store verified every shard
-    now = time.perf_counter()
-    store = {
-        "folder": str(folder),
-        "rows": len(texts),
-        "shards_built": built.built,
-        "shards_reused": built.reused,
-        "damaged_shards": list(built.damaged),
-        "build_seconds": round(built.seconds, 2),
-        "build_molecules_per_s": round(built.molecules / built.seconds, 1) if built.built else None,
-        "peak_rss_mib": built.peak_rss_mib,
-        "worker_peak_rss_mib": built.worker_peak_rss_mib if built.built else None,
-        "open_seconds": round(now - opened, 2),
-        "total_seconds": round(now - start, 2),
-        "size_bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
-    }
-    return MoleculeData(
-        name=name,
-        graphs=graphs,
-        smiles=graphs.smiles,
-        targets=None,
-        target_names=(),
-        task=None,
-        skipped=tuple(skipped),
-        layout=layout,
-        store=store,
     )
 
 

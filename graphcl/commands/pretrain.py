@@ -28,13 +28,13 @@ from graphcl.data import (
     collate_graphs,
     load_molecules,
     skipped_summary,
-    store_line,
     subset_molecules,
     write_skipped,
 )
 from graphcl.models import GraphCLModel, pretrain_model, pretrain_names, save_pretrained
+from graphcl.moses import store_line
 from graphcl.report import open_run, pretrain_plots
-from graphcl.shards import ShardedGraphs
+from graphcl.sharded import ShardedGraphs
 from graphcl.steps import joao_end_epoch, pretrain_step, view_maker
 from shared.config import parse_config, save_config
 from shared.runs import write_report, write_summary

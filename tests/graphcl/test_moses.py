@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from graphcl import sources
+from graphcl import moses
 from graphcl.commands import pretrain
-from graphcl.data import load_molecules, store_line, subset_molecules
+from graphcl.data import load_molecules, subset_molecules
 from graphcl.features import featurize
-from graphcl.shards import ShardedGraphs
-from graphcl.sources import MOSES, moses_file, read_moses_rows
+from graphcl.moses import MOSES, moses_file, read_moses_rows, store_line
+from graphcl.sharded import ShardedGraphs
 
 installed = pytest.mark.skipif(
     importlib.util.find_spec("moses") is None,
@@ -63,7 +63,7 @@ def test_without_molsets_one_line_says_how_to_install_it(monkeypatch: pytest.Mon
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps molsets==0\.3\.1"):
         load_molecules("moses", max_molecules=10, cache_dir=False)
-    assert sources.MOSES_INSTALL == "pip install --no-deps molsets==0.3.1"
+    assert moses.MOSES_INSTALL == "pip install --no-deps molsets==0.3.1"
 
 
 def test_moses_has_no_targets_to_ask_for() -> None:

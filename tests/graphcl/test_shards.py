@@ -18,7 +18,8 @@ from graphcl import shards
 from graphcl.collation import collation_increments, collation_slices
 from graphcl.data import collate_graphs, load_molecules
 from graphcl.features import featurize
-from graphcl.shards import ShardedGraphs, build_store, open_store, verify_shard
+from graphcl.sharded import ShardedGraphs, open_store
+from graphcl.shards import build_store, verify_shard
 
 # aromatic rings, charges, stereo, a lone atom (no edges), two fragments, explicit H, a halogen,
 # and three rows that do not parse (bad valence, unclosed ring, empty)
