@@ -112,9 +112,14 @@ class TheirDataset(torch.utils.data.Dataset[Data]):
         return data
 
 
-def _args(aug: str, batch_size: int) -> argparse.Namespace:
+def _args(aug: str, batch_size: int, workers: int) -> argparse.Namespace:
     return argparse.Namespace(
-        aug1=aug, aug2=aug, aug_ratio1=0.2, aug_ratio2=0.2, batch_size=batch_size, num_workers=0
+        aug1=aug,
+        aug2=aug,
+        aug_ratio1=0.2,
+        aug_ratio2=0.2,
+        batch_size=batch_size,
+        num_workers=workers,
     )
 
 
@@ -125,6 +130,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--their-workers",
+        type=int,
+        default=0,
+        help="their DataLoader's worker processes (their script's default is 8; 0: augment in "
+        "the training process, so their loader share is measured inside their step)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -147,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     their_model = theirs.pretrain.graphcl(gnn)
     their_opt = torch.optim.Adam(their_model.parameters(), lr=1e-3)
     their_data = TheirDataset(graphs, {"dropN": theirs.loader.drop_nodes})
-    targs = _args("dropN", args.batch_size)
+    targs = _args("dropN", args.batch_size, args.their_workers)
 
     def their_run() -> float:
         start = time.perf_counter()
@@ -218,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{len(graphs)} molecules, {atoms:.2f} atoms each, batch {args.batch_size}, "
         f"{args.steps} steps × {args.repeats} repeats (median), {args.threads} threads, "
-        "node dropping 20 % on both views"
+        f"node dropping 20 % on both views, their loader's workers: {args.their_workers}"
     )
     print(f"{'':<8} {'molecules/s':>12} {'s/step':>10} {'loader+aug %':>14} {'atoms/view':>14}")
     line, their_rate = row("GraphCL", their_times, their_load, float(np.mean(their_kept)))

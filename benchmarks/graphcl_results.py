@@ -9,8 +9,8 @@ deviations (of scratch's seeds) it differs from scratch. Finished pre-training a
 runs are read back, not redone.
 
     python benchmarks/graphcl_results.py [--corpora bundled] [--epochs 10] [--seeds 0 1 2]
-    python benchmarks/graphcl_results.py --corpora bundled moses --max-molecules 250000 \\
-        --epochs 2 --out runs/graphcl-results-moses
+    python benchmarks/graphcl_results.py --corpora bundled=57 moses=2 --max-molecules 250000 \\
+        --out runs/graphcl-results-moses   # the same number of pre-training steps on each
 """
 
 from __future__ import annotations
@@ -43,10 +43,12 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def _pretrain(corpus: str, args: Any, arch: list[str]) -> Path:
+    corpus, _, epochs = corpus.partition("=")  # NAME=EPOCHS: this corpus's own epochs
     out = args.out / f"pretrain-{corpus}"
     if (out / "encoder.safetensors").is_file():
         return out / "encoder.safetensors"
-    options = [*arch, "--data", corpus, "--epochs", str(args.epochs), "--device", "cpu"]
+    epochs = epochs or str(args.epochs)
+    options = [*arch, "--data", corpus, "--epochs", epochs, "--device", "cpu"]
     if args.max_molecules and corpus.startswith("moses"):
         options += ["--max-molecules", str(args.max_molecules)]
     start = time.perf_counter()
@@ -172,7 +174,12 @@ def _table(task: str, columns: dict[str, list[dict]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--corpora", nargs="+", default=["bundled"], help="pre-training data")
+    parser.add_argument(
+        "--corpora",
+        nargs="+",
+        default=["bundled"],
+        help="pre-training data, each NAME or NAME=EPOCHS (its own epochs instead of --epochs)",
+    )
     parser.add_argument("--max-molecules", type=int, default=None, help="moses: a seeded subset")
     parser.add_argument("--epochs", type=int, default=10, help="pre-training epochs")
     parser.add_argument("--finetune-epochs", type=int, default=30)
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     arch = ["--num-layers", str(args.layers), "--hidden", str(args.hidden)]
-    encoders = {corpus: _pretrain(corpus, args, arch) for corpus in args.corpora}
+    encoders = {corpus.partition("=")[0]: _pretrain(corpus, args, arch) for corpus in args.corpora}
     tables = []
     for task in args.tasks:
         start = time.perf_counter()

@@ -14,6 +14,7 @@ line on what that took.
 from __future__ import annotations
 
 import atexit
+import math
 import shutil
 import tempfile
 import time
@@ -79,11 +80,12 @@ def store_line(store: dict[str, Any]) -> str:
     and how fast, its size on disk, how long it took to open, where it is."""
     shards = store["shards_built"] + store["shards_reused"]
     if store["shards_built"]:
+        memory = f"{store['peak_rss_mib']:,.0f} MiB here"
+        if store["worker_peak_rss_mib"] is not None:
+            memory += f", {store['worker_peak_rss_mib']:,.0f} MiB in a worker"
         built = (
             f"{store['shards_built']} built now in {store['build_seconds']:.1f} s "
-            f"({store['build_molecules_per_s']:,.0f} molecules/s; peak memory "
-            f"{store['peak_rss_mib']:,.0f} MiB here, {store['worker_peak_rss_mib']:,.0f} MiB in "
-            "a worker)"
+            f"({store['build_molecules_per_s']:,.0f} molecules/s; peak memory {memory})"
         )
         if store["damaged_shards"]:
             built += f", {len(store['damaged_shards'])} of them damaged and rebuilt"
@@ -139,7 +141,9 @@ def load_store(
         "build_seconds": round(built.seconds, 2),
         "build_molecules_per_s": round(built.molecules / built.seconds, 1) if built.built else None,
         "peak_rss_mib": built.peak_rss_mib,
-        "worker_peak_rss_mib": built.worker_peak_rss_mib if built.built else None,
+        "worker_peak_rss_mib": (  # None: no worker process ran
+            built.worker_peak_rss_mib if math.isfinite(built.worker_peak_rss_mib) else None
+        ),
         "open_seconds": round(now - opened, 2),
         "total_seconds": round(now - start, 2),
         "size_bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),

@@ -65,7 +65,8 @@ ARRAYS = ("x", "edge_index", "edge_attr", "node_ptr", "edge_ptr", "smiles", "smi
 class BuildStats(NamedTuple):
     """What :func:`build_store` did: shards built now and found finished, molecules featurised
     now, seconds spent, the damaged shards it rebuilt (their names), and the peak resident
-    memory (MiB) of this process and of the largest worker process so far."""
+    memory (MiB) of this process and of the largest worker process so far (NaN when every
+    shard was built in this process: no worker ran)."""
 
     built: int
     reused: int
@@ -288,8 +289,9 @@ def build_store(
         disable=not progress or not todo,
     )
     kept = 0
+    pooled = cores > 1 and len(todo) > 1
     try:
-        if cores == 1 or len(todo) <= 1:
+        if not pooled:
             for job in jobs():
                 rows_done, molecules = _shard_job(job)
                 kept += molecules
@@ -309,7 +311,7 @@ def build_store(
         time.perf_counter() - start,
         tuple(damaged),
         _peak_rss_mib(children=False),
-        _peak_rss_mib(children=True),
+        _peak_rss_mib(children=True) if pooled else float("nan"),
     )
 
 

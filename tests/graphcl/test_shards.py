@@ -5,6 +5,7 @@ from its finished shards, a damaged shard is found and rebuilt, never read."""
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -225,8 +226,10 @@ def test_a_damaged_shard_is_detected_never_read_and_rebuilt(
 
 
 def test_worker_processes_build_the_same_store(tmp_path: Path) -> None:
-    _build(tmp_path / "one", workers=1)
-    _build(tmp_path / "two", workers=2)
+    alone = _build(tmp_path / "one", workers=1)
+    pooled = _build(tmp_path / "two", workers=2)
+    assert math.isnan(alone.worker_peak_rss_mib)  # no worker ran: no worker's memory to report
+    assert pooled.worker_peak_rss_mib > 0
     one, skipped_one = open_store(tmp_path / "one")
     two, skipped_two = open_store(tmp_path / "two")
     assert skipped_one == skipped_two
