@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -194,11 +195,15 @@ def _write_shard(
     return molecules
 
 
-def _shard_job(job: tuple[str, tuple[int, int], list[str], list[int], str, str]) -> tuple[int, int]:
-    """A worker's unit: one shard. Returns (rows featurised, molecules kept)."""
+def _shard_job(
+    job: tuple[str, tuple[int, int], list[str], list[int], str, str],
+) -> tuple[int, int, float]:
+    """A worker's unit: one shard. Returns (rows featurised, molecules kept, the peak resident
+    memory of the process that built it, MiB)."""
     folder, rows, texts, lines, label, layout = job
     torch.set_num_threads(1)
-    return len(texts), _write_shard(Path(folder), rows, texts, lines, label, layout)
+    molecules = _write_shard(Path(folder), rows, texts, lines, label, layout)
+    return len(texts), molecules, _own_peak_rss_mib()
 
 
 def verify_shard(folder: Path, rows: tuple[int, int]) -> str:
@@ -289,18 +294,20 @@ def build_store(
         disable=not progress or not todo,
     )
     kept = 0
+    worker_peak = float("nan")  # no worker ran (yet)
     pooled = cores > 1 and len(todo) > 1
     try:
         if not pooled:
             for job in jobs():
-                rows_done, molecules = _shard_job(job)
+                rows_done, molecules, _ = _shard_job(job)
                 kept += molecules
                 bar.update(rows_done)
         else:
             context = multiprocessing.get_context("spawn")  # no forked torch/OpenMP state
             with context.Pool(min(cores, len(todo))) as pool:
-                for rows_done, molecules in pool.imap_unordered(_shard_job, jobs()):
+                for rows_done, molecules, peak in pool.imap_unordered(_shard_job, jobs()):
                     kept += molecules
+                    worker_peak = peak if math.isnan(worker_peak) else max(worker_peak, peak)
                     bar.update(rows_done)
     finally:
         bar.close()
@@ -310,17 +317,24 @@ def build_store(
         kept,
         time.perf_counter() - start,
         tuple(damaged),
-        _peak_rss_mib(children=False),
-        _peak_rss_mib(children=True) if pooled else float("nan"),
+        _own_peak_rss_mib(),
+        worker_peak,
     )
 
 
-def _peak_rss_mib(*, children: bool) -> float:
-    """The peak resident memory of this process or of its largest finished child, in MiB
-    (Linux reports KiB, macOS bytes); NaN where the platform has no ``resource`` (Windows)."""
+def _own_peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB: Linux's ``VmHWM``, which ``exec`` resets
+    (a spawned worker's ``ru_maxrss`` still counts the parent's pages it held between fork and
+    exec), else ``getrusage`` (macOS reports bytes); NaN where neither exists (Windows)."""
+    try:
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 2**10, 1)  # kB
+    except OSError:
+        pass
     try:
         import resource
     except ImportError:
         return float("nan")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF)
-    return round(peak.ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10), 1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
