@@ -159,7 +159,15 @@ def load_molecules(
             source, layout, cache_dir, max_molecules, seed, workers, progress
         )
         return MoleculeData(
-            source, graphs, graphs.smiles, None, (), None, tuple(skipped), layout, store=store
+            name=source,
+            graphs=graphs,
+            smiles=graphs.smiles,
+            targets=None,
+            target_names=(),
+            task=None,
+            skipped=tuple(skipped),
+            layout=layout,
+            store=store,
         )
     if isinstance(source, str) and source.startswith("tu:"):
         return subset_molecules(_load_tu(source[3:], root), max_molecules, seed)
