@@ -7,7 +7,10 @@ imports that code from a checkout (``--graphcl-root``, the folder holding its ``
 ``train`` epoch function beside our step on the same molecules:
 
 - the same model: GIN 5 × 300 with a bond embedding per layer, batch norm, jk "last", mean
-  pooling, projection head 300 -> 300 -> 300 (``--head-dim 300``), Adam lr 1e-3;
+  pooling, projection head 300 -> 300 -> 300 (``--head-dim 300``), Adam lr 1e-3; ours with
+  ``--conv hu``, their layer (linear messages, a self-loop bond embedding). The script copies
+  their initial weights into our encoder and prints the largest difference of the two
+  encoders' outputs on one batch, so "the same model" is checked, not assumed;
 - the same molecules and features: our bundled corpus featurised with the ``pretrain-gnns``
   layout (atom type, chirality; bond type, direction), which is the layout of GraphCL's
   ``mol_to_graph_data_obj_simple``, fed to both;
@@ -36,6 +39,7 @@ import statistics
 import sys
 import time
 import types
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +93,7 @@ class TheirDataset(torch.utils.data.Dataset[Data]):
     """What their ``train`` needs of ``MoleculeDataset_aug``: ``aug``, ``aug_ratio``,
     ``shuffle()`` and a ``get`` that augments one molecule with their functions."""
 
-    def __init__(self, graphs: list[Data], augment: dict[str, Any]) -> None:
+    def __init__(self, graphs: Sequence[Data], augment: dict[str, Any]) -> None:
         self.graphs = graphs
         self.augment = augment
         self.aug = "none"
@@ -110,6 +114,38 @@ class TheirDataset(torch.utils.data.Dataset[Data]):
             data = self.augment[self.aug](data, self.aug_ratio)
         self.kept.append(int(data.x.shape[0]))
         return data
+
+
+def _same_model(gnn: Any, encoder: Any, graphs: Sequence[Data]) -> float:
+    """Copy their GNN's weights into a copy of our encoder; the largest difference of the mean-
+    pooled node embeddings of the two on one batch (training mode, as in pre-training; float64)."""
+    from torch_geometric.data import Batch
+    from torch_geometric.nn import global_mean_pool
+
+    ours = copy.deepcopy(encoder).double()
+    gnn = copy.deepcopy(gnn).double().train()
+    with torch.no_grad():
+        for table, theirs in zip(
+            ours.atom_embedding.embeddings, (gnn.x_embedding1, gnn.x_embedding2), strict=True
+        ):
+            table.weight[: theirs.weight.shape[0]] = theirs.weight
+        for conv, their_conv, norm, their_norm in zip(
+            ours.convs, gnn.gnns, ours.norms, gnn.batch_norms, strict=True
+        ):
+            conv.mlp.load_state_dict(their_conv.mlp.state_dict())
+            norm.load_state_dict(their_norm.state_dict())
+            bond_type, direction = conv.edge_embedding.embeddings
+            bond_type.weight[:6] = their_conv.edge_embedding1.weight
+            direction.weight[:3] = their_conv.edge_embedding2.weight
+            # their self-loop: bond type 4, direction 0
+            conv.self_loop.copy_(
+                their_conv.edge_embedding1.weight[4] + their_conv.edge_embedding2.weight[0]
+            )
+    batch = Batch.from_data_list(graphs)
+    with torch.no_grad():
+        nodes = gnn(batch.x, batch.edge_index, batch.edge_attr)
+        theirs = global_mean_pool(nodes, batch.batch)
+        return float((ours.train()(batch) - theirs).abs().max())
 
 
 def _args(aug: str, batch_size: int, workers: int) -> argparse.Namespace:
@@ -137,11 +173,20 @@ def main(argv: list[str] | None = None) -> None:
         help="their DataLoader's worker processes (their script's default is 8; 0: augment in "
         "the training process, so their loader share is measured inside their step)",
     )
+    parser.add_argument(
+        "--conv",
+        nargs="+",
+        choices=["hu", "gine"],
+        default=["hu"],
+        help="our GIN layer: hu (theirs) or gine (a ReLU on each message); several are timed "
+        "in turn, in the same repeats",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     from graphcl.commands.pretrain import Config, build
     from graphcl.data import load_molecules
+    from graphcl.encoders import GINConvKind
     from graphcl.steps import pretrain_step
 
     theirs = _import_theirs(args.graphcl_root.resolve())
@@ -180,64 +225,79 @@ def main(argv: list[str] | None = None) -> None:
             pass
         return time.perf_counter() - start, d1.kept + d2.kept
 
-    # ours
-    cfg = Config(
-        layout="pretrain-gnns",
-        augment1="drop_nodes",
-        augment2="drop_nodes",
-        aug_ratio=0.2,
-        batch_size=args.batch_size,
-        head_dim=300,
-        lr=1e-3,
-    )
-    built = build(cfg, device=torch.device("cpu"), data=data._replace(graphs=graphs))
+    # ours, one model per layer kind
+    def ours(conv: GINConvKind) -> tuple[Any, Any]:
+        cfg = Config(
+            layout="pretrain-gnns",
+            augment1="drop_nodes",
+            augment2="drop_nodes",
+            aug_ratio=0.2,
+            batch_size=args.batch_size,
+            head_dim=300,
+            lr=1e-3,
+            conv=conv,
+        )
+        torch.manual_seed(0)
+        built = build(cfg, device=torch.device("cpu"), data=data._replace(graphs=graphs))
+        if conv == "hu":
+            difference = _same_model(gnn, built.model.encoder, graphs[: args.batch_size])
+            print(f"their encoder vs ours (hu) with their weights, float64: {difference:.2e}")
+
+        def run() -> float:
+            built.model.train()
+            start = time.perf_counter()
+            for batch in built.loader:
+                out = pretrain_step(built.model, batch, cfg=cfg, views=built.views, gather=False)
+                built.optimizer.zero_grad(set_to_none=True)
+                out["loss"].backward()  # type: ignore[no-untyped-call]
+                built.optimizer.step()
+                float(out["loss"].detach())  # the loop's logged value
+            return time.perf_counter() - start
+
+        def loader_run() -> float:
+            start = time.perf_counter()
+            for batch in built.loader:
+                v1, v2 = built.views[0](batch), built.views[1](batch)
+                our_kept.append((v1.num_nodes + v2.num_nodes) / (2 * batch.num_graphs))
+            return time.perf_counter() - start
+
+        return run, loader_run
+
     our_kept: list[float] = []
-
-    def our_run() -> float:
-        built.model.train()
-        start = time.perf_counter()
-        for batch in built.loader:
-            out = pretrain_step(built.model, batch, cfg=cfg, views=built.views, gather=False)
-            built.optimizer.zero_grad(set_to_none=True)
-            out["loss"].backward()  # type: ignore[no-untyped-call]
-            built.optimizer.step()
-            float(out["loss"].detach())  # the loop's logged value
-        return time.perf_counter() - start
-
-    def our_loader_run() -> float:
-        start = time.perf_counter()
-        for batch in built.loader:
-            v1, v2 = built.views[0](batch), built.views[1](batch)
-            our_kept.append((v1.num_nodes + v2.num_nodes) / (2 * batch.num_graphs))
-        return time.perf_counter() - start
-
-    their_times, our_times, their_load, our_load = [], [], [], []
+    sides = {conv: ours(conv) for conv in args.conv}
+    their_times: list[float] = []
+    their_load: list[float] = []
     their_kept: list[int] = []
+    our_times: dict[str, list[float]] = {conv: [] for conv in sides}
+    our_load: dict[str, list[float]] = {conv: [] for conv in sides}
     for _ in range(args.repeats):
         their_times.append(their_run())
-        our_times.append(our_run())
         t, kept = their_loader_run()
         their_load.append(t)
         their_kept += kept
-        our_load.append(our_loader_run())
+        for conv, (run, loader_run) in sides.items():
+            our_times[conv].append(run())
+            our_load[conv].append(loader_run())
 
     def row(name: str, times: list[float], load: list[float], kept: float) -> tuple[str, float]:
         step = statistics.median(times) / args.steps
         rate = args.batch_size / step
         share = statistics.median(load) / statistics.median(times)
-        return f"{name:<8} {rate:>12.1f} {step:>10.3f} {100 * share:>14.1f} {kept:>14.2f}", rate
+        return f"{name:<10} {rate:>12.1f} {step:>10.3f} {100 * share:>14.1f} {kept:>14.2f}", rate
 
     print(
         f"{len(graphs)} molecules, {atoms:.2f} atoms each, batch {args.batch_size}, "
         f"{args.steps} steps × {args.repeats} repeats (median), {args.threads} threads, "
         f"node dropping 20 % on both views, their loader's workers: {args.their_workers}"
     )
-    print(f"{'':<8} {'molecules/s':>12} {'s/step':>10} {'loader+aug %':>14} {'atoms/view':>14}")
+    print(f"{'':<10} {'molecules/s':>12} {'s/step':>10} {'loader+aug %':>14} {'atoms/view':>14}")
     line, their_rate = row("GraphCL", their_times, their_load, float(np.mean(their_kept)))
     print(line)
-    line, our_rate = row("ours", our_times, our_load, float(np.mean(our_kept)))
-    print(line)
-    print(f"ratio ours/GraphCL: {our_rate / their_rate:.2f}×")
+    for conv in sides:
+        line, our_rate = row(
+            f"ours {conv}", our_times[conv], our_load[conv], float(np.mean(our_kept))
+        )
+        print(f"{line}   {our_rate / their_rate:.2f}× GraphCL")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 # the keys of an encoder's config: what rebuilds it (graphcl.models.encoder_from_config)
-ENCODER_KEYS = ("encoder", "layout", "num_layers", "hidden", "jk", "pooling", "dropout")
+ENCODER_KEYS = ("encoder", "layout", "num_layers", "hidden", "jk", "pooling", "dropout", "conv")
 
 AUGMENT_CHOICES = (
     "random",
@@ -66,6 +66,10 @@ class PretrainConfig:
     """jumping knowledge, how the layers' node embeddings combine: last, concat, max or sum"""
     pooling: Literal["mean", "sum", "attention"] = "mean"
     """graph readout over nodes: mean (Hu et al.), sum or attention"""
+    conv: Literal["gine", "hu"] = "gine"
+    """gin's layer: gine (a ReLU on each message, as PyG's GINEConv) or hu (Hu et al.'s and
+    GraphCL's own: linear messages, a self-loop bond embedding; its sums are sparse products,
+    faster on a CPU)"""
     dropout: float = 0.0
     """dropout probability on node embeddings in [0, 1) (Hu et al.: 0 for pre-training)"""
     # group: method
@@ -137,6 +141,8 @@ class PretrainConfig:
             raise ValueError("queue_size must be >= 0, and a queue needs loss nt_xent")
         if self.max_molecules is not None and self.max_molecules < 1:
             raise ValueError(f"max_molecules must be >= 1, got {self.max_molecules}")
+        if self.conv != "gine" and self.encoder != "gin":
+            raise ValueError(f"--conv {self.conv} is a layer of gin, not of {self.encoder}")
 
     def encoder_config(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in ENCODER_KEYS}
@@ -185,6 +191,9 @@ class FinetuneConfig:
     concat, max or sum"""
     pooling: Literal["mean", "sum", "attention"] = "mean"
     """without --encoder: graph readout over nodes: mean (Hu et al.), sum or attention"""
+    conv: Literal["gine", "hu"] = "gine"
+    """without --encoder: gin's layer: gine (a ReLU on each message) or hu (Hu et al.'s linear
+    messages with a self-loop bond embedding)"""
     # group: method
     compare_scratch: bool = False
     """also train the same network from random initialisation, same splits and seeds"""

@@ -32,8 +32,13 @@ from torch_geometric.data import Data
 from torch_geometric.nn import MessagePassing, global_add_pool, global_mean_pool
 from torch_geometric.nn.aggr import AttentionalAggregation
 
+from graphcl.embeddings import CategoricalEmbedding
+from graphcl.embeddings import upcast as _upcast
+from graphcl.hu_conv import BondGraph, HuGINConv, bond_graph
+
 __all__ = [
     "ENCODERS",
+    "GIN_CONVS",
     "TUGIN",
     "CategoricalEmbedding",
     "GINEncoder",
@@ -46,11 +51,8 @@ ENCODERS = ("gin", "tu_gin")
 
 JumpingKnowledge = Literal["last", "concat", "max", "sum"]
 Pooling = Literal["mean", "sum", "attention"]
-
-
-def _upcast(x: Tensor) -> Tensor:
-    """x in at least float32: bf16/fp16 -> float32, float32 and float64 unchanged."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+GINConvKind = Literal["gine", "hu"]
+GIN_CONVS: tuple[str, ...] = get_args(GINConvKind)
 
 
 class _Upcast(nn.Module):
@@ -68,42 +70,6 @@ def _graph_index(batch: Data) -> tuple[Tensor, int]:
     if batch.batch is None:
         return torch.zeros(batch.num_nodes, dtype=torch.long, device=batch.x.device), 1
     return batch.batch, int(batch.num_graphs)
-
-
-class CategoricalEmbedding(nn.Module):
-    """Sum of one embedding per categorical column (OGB's AtomEncoder/BondEncoder, any vocab).
-
-    h_i = Σ_f E_f[x_if], with E_f a table of ``vocab[f]`` rows, Xavier-uniform initialised as in
-    Hu et al.'s pretrain-gnns.
-
-    Shape:
-        - Input: x of shape (n, F) long, F = len(vocab), 0 <= x[:, f] < vocab[f]
-        - Output: (n, dim)
-    """
-
-    def __init__(self, vocab: Sequence[int], dim: int) -> None:
-        super().__init__()
-        if len(vocab) == 0 or min(vocab) < 1:
-            raise ValueError(f"vocab must be a non-empty sequence of sizes >= 1, got {vocab}")
-        if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
-        self.vocab = tuple(vocab)
-        self.dim = dim
-        embeddings = [nn.Embedding(size, dim) for size in self.vocab]
-        for embedding in embeddings:
-            nn.init.xavier_uniform_(embedding.weight)
-        self.embeddings = nn.ModuleList(embeddings)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.ndim != 2 or x.shape[1] != len(self.vocab) or x.is_floating_point():
-            raise ValueError(
-                f"expected integer x of shape (n, {len(self.vocab)}), got {x.dtype} "
-                f"{tuple(x.shape)}"
-            )
-        h: Tensor = self.embeddings[0](x[:, 0])  # (n, dim)
-        for column in range(1, len(self.vocab)):
-            h = h + self.embeddings[column](x[:, column])  # (n, dim)
-        return h
 
 
 class SafeBatchNorm1d(nn.BatchNorm1d):
@@ -188,6 +154,12 @@ class GINEncoder(nn.Module):
     Linear(D, 2D) -> ReLU -> Linear(2D, D). Defaults: 5 layers × 300, jk "last", mean pooling
     (Hu et al.; GraphCL transfer); dropout 0.5 is Hu et al.'s fine-tuning setting.
 
+    ``conv`` picks the layer: "gine" (:class:`WeightedGINConv`: a ReLU on every message, the
+    node's own term without a bond embedding) or "hu" (:class:`graphcl.hu_conv.HuGINConv`:
+    Hu et al.'s and GraphCL's own layer, linear messages and a self-loop bond embedding, its sum
+    computed as sparse matrix products; with GraphCL's weights it gives GraphCL's outputs).
+    Both cost about the same: the MLP's matrix products dominate either layer.
+
     Jumping knowledge combines the L layer outputs h^1..h^L ("concat": (n, L·D); "max", "sum":
     element-wise; "last": h^L). Hu et al. also include h^0 in concat/max/sum; here it is left out,
     so that ``feature_dim`` is D or L·D.
@@ -211,9 +183,12 @@ class GINEncoder(nn.Module):
         pooling: Pooling = "mean",
         dropout: float = 0.0,  # 0.5 in fine-tuning (Hu et al.; GraphCL transfer)
         batch_norm: bool = True,
+        conv: GINConvKind = "gine",
     ) -> None:
         super().__init__()
         _check_encoder_sizes(num_layers, hidden)
+        if conv not in GIN_CONVS:
+            raise ValueError(f"conv must be one of {GIN_CONVS}, got {conv!r}")
         if jk not in get_args(JumpingKnowledge):
             raise ValueError(f"jk must be one of {get_args(JumpingKnowledge)}, got {jk!r}")
         if pooling not in get_args(Pooling):
@@ -224,14 +199,18 @@ class GINEncoder(nn.Module):
         self.pooling = pooling
         self.dropout = dropout
         self.feature_dim = hidden * num_layers if jk == "concat" else hidden
+        self.conv = conv
         self.atom_embedding = CategoricalEmbedding(atom_vocab, hidden)
-        self.convs = nn.ModuleList(
-            WeightedGINConv(
-                nn.Sequential(
-                    nn.Linear(hidden, 2 * hidden), nn.ReLU(), nn.Linear(2 * hidden, hidden)
-                ),
-                CategoricalEmbedding(bond_vocab, hidden),
+
+        def mlp() -> nn.Module:
+            return nn.Sequential(
+                nn.Linear(hidden, 2 * hidden), nn.ReLU(), nn.Linear(2 * hidden, hidden)
             )
+
+        self.convs = nn.ModuleList(
+            HuGINConv(mlp(), bond_vocab, hidden)
+            if conv == "hu"
+            else WeightedGINConv(mlp(), CategoricalEmbedding(bond_vocab, hidden))
             for _ in range(num_layers)
         )
         self.norms = nn.ModuleList(
@@ -251,9 +230,18 @@ class GINEncoder(nn.Module):
         """
         edge_weight = getattr(batch, "edge_weight", None)
         h: Tensor = self.atom_embedding(batch.x)  # (n, D)
+        extra: dict[str, BondGraph] = {}
+        if self.conv == "hu" and (edge_weight is None or not edge_weight.requires_grad):
+            # A and C of graphcl.hu_conv, built once for every layer
+            first = self.convs[0]
+            assert isinstance(first, HuGINConv)
+            vocab = first.edge_embedding.vocab
+            extra["graph"] = bond_graph(
+                batch.edge_index, batch.edge_attr, h.shape[0], vocab, edge_weight
+            )
         layers = []
         for index, (conv, norm) in enumerate(zip(self.convs, self.norms, strict=True)):
-            h = norm(conv(h, batch.edge_index, batch.edge_attr, edge_weight))  # (n, D)
+            h = norm(conv(h, batch.edge_index, batch.edge_attr, edge_weight, **extra))  # (n, D)
             if index < len(self.convs) - 1:
                 h = F.relu(h)
             h = F.dropout(h, self.dropout, self.training)

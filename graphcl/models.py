@@ -42,6 +42,7 @@ __all__ = [
 
 def encoder_from_config(config: dict[str, Any]) -> nn.Module:
     """Build the encoder described by ``config`` (keys :data:`ENCODER_KEYS`), randomly init."""
+    config = {"conv": "gine", **config}  # encoders saved before the choice of layer existed
     missing = [key for key in ENCODER_KEYS if key not in config]
     if missing:
         raise ValueError(f"encoder config lacks {missing}; it holds {sorted(config)}")
@@ -50,7 +51,12 @@ def encoder_from_config(config: dict[str, Any]) -> nn.Module:
     layout = LAYOUTS[config["layout"]]
     kwargs: dict[str, Any] = {"num_layers": config["num_layers"], "hidden": config["hidden"]}
     if config["encoder"] == "gin":
-        kwargs.update(jk=config["jk"], pooling=config["pooling"], dropout=config["dropout"])
+        kwargs.update(
+            jk=config["jk"],
+            pooling=config["pooling"],
+            dropout=config["dropout"],
+            conv=config["conv"],
+        )
     return build_encoder(
         config["encoder"], atom_vocab=layout.atom_vocab, bond_vocab=layout.bond_vocab, **kwargs
     )
@@ -161,6 +167,7 @@ def finetune_encoder(cfg: FinetuneConfig, pretrained: bool) -> nn.Module:
             "hidden": cfg.hidden,
             "jk": cfg.jk,
             "pooling": cfg.pooling,
+            "conv": cfg.conv,
             "dropout": 0.0,
         }
     )

@@ -39,12 +39,13 @@ CONFIGS = [
     ("gin", jk, pooling)
     for jk in ("last", "concat", "max", "sum")
     for pooling in ("mean", "sum", "attention")
-] + [("tu_gin_atoms", "", ""), ("tu_gin_float", "", "")]
+] + [("gin_hu", "last", "mean"), ("tu_gin_atoms", "", ""), ("tu_gin_float", "", "")]
+HU = CONFIGS[-3]  # gin with Hu et al.'s layer (graphcl.hu_conv)
 
 
 def _build(config: tuple[str, str, str], **kwargs: Any) -> GINEncoder | TUGIN:
     name, jk, pooling = config
-    if name == "gin":
+    if name in ("gin", "gin_hu"):
         return build_encoder(
             "gin",
             atom_vocab=ATOM_VOCAB,
@@ -53,6 +54,7 @@ def _build(config: tuple[str, str, str], **kwargs: Any) -> GINEncoder | TUGIN:
             hidden=16,
             jk=jk,
             pooling=pooling,
+            conv="hu" if name == "gin_hu" else "gine",
             **kwargs,
         )
     if name == "tu_gin_atoms":
@@ -192,7 +194,7 @@ def test_categorical_embedding_sums_columns() -> None:
         CategoricalEmbedding((3, 0), dim=4)
 
 
-@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[-1]])
+@pytest.mark.parametrize("config", [CONFIGS[0], HU, CONFIGS[-1]])
 def test_edge_weights_scale_messages(config: tuple[str, str, str]) -> None:
     """w = 1 is the plain graph; an extra edge of weight 0 changes nothing; w = 0 everywhere
     equals the graphs without edges."""
