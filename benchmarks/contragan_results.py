@@ -7,8 +7,8 @@ steps each, ``--image-size`` pixels) for every seed, evaluates each run's EMA ge
 ``contragan evaluate`` (one generated set per run) and prints every figure as mean ± std over
 the training seeds next to real-vs-real (train images against the test split, over the same seeds).
 
-``--curve`` first trains ProjGAN (seed 0) in segments, resuming the same run, and evaluates it
-after each, so the table shows where its GAN-test levels off: the budget of the comparison
+``--curve`` first trains the table's ProjGAN seed-0 run in segments, resuming it, and evaluates
+it after each, so the table shows where its GAN-test levels off: the budget of the comparison
 should lie there.
 
 Run folders (each with its sample grid, ``plots/samples.png``) go to
@@ -90,9 +90,9 @@ def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any)
             "--n-dis",
             str(args.n_dis),
             "--eval-every",
-            str(max(1, steps // 4)),
+            str(max(1, args.steps // 4)),
             "--checkpoint-every",
-            str(max(1, steps // 4)),
+            str(max(1, args.steps // 4)),
             "--device",
             "cpu",
             "--out",
@@ -132,16 +132,24 @@ def _evaluate(checkpoint: Path, out: Path, seed: int, args: Any) -> dict[str, An
 
 
 def _curve(data: str, args: Any, lines: list[str]) -> None:
-    """ProjGAN's GAN-test and FD after each segment of one run (seed 0)."""
-    out = args.root / f"{data}-proj-curve-s0"
+    """ProjGAN's GAN-test and FD after each segment of one run (seed 0).
+
+    The run is the table's own ProjGAN seed-0 run, trained in segments: a resumed run continues
+    bit for bit and the learning rate is constant, so it ends where one uninterrupted run would.
+    """
+    out = args.root / f"{data}-proj-s0"
     lines += [
         f"\n### {data}: ProjGAN (seed 0) after each segment of one run\n",
         "| G steps | GAN-test | CAS | FD |",
         "|---|---|---|---|",
     ]
     for steps in args.curve:
-        _train(out, data, "proj", 0, steps, args)
-        figures = _evaluate(out / "checkpoints" / "last.pt", out / f"eval-{steps}", 0, args)
+        if steps > args.steps:
+            raise SystemExit(f"--curve: {steps} G steps is beyond --steps {args.steps}")
+        folder = out / ("evaluation" if steps == args.steps else f"eval-{steps}")
+        if not (folder / "summary.json").is_file():  # evaluated already: the run has moved on
+            _train(out, data, "proj", 0, steps, args)
+        figures = _evaluate(out / "checkpoints" / "last.pt", folder, 0, args)
         lines.append(
             f"| {steps} | {figures['gan_test_acc']:.3f} | {figures['cas_acc']:.3f} | "
             f"{figures['fd']:.4g} |"
