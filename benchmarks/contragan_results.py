@@ -148,6 +148,8 @@ def _curve(data: str, args: Any, lines: list[str]) -> None:
             raise SystemExit(f"--curve: {steps} G steps is beyond --steps {args.steps}")
         folder = out / ("evaluation" if steps == args.steps else f"eval-{steps}")
         if not (folder / "summary.json").is_file():  # evaluated already: the run has moved on
+            if args.report_only:
+                continue
             _train(out, data, "proj", 0, steps, args)
         figures = _evaluate(out / "checkpoints" / "last.pt", folder, 0, args)
         lines.append(
@@ -165,6 +167,8 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
     for seed in args.only_seeds or range(args.seeds):
         for variant in args.variants:
             out = args.root / f"{data}-{variant}-s{seed}"
+            if args.report_only and not (out / "evaluation" / "summary.json").is_file():
+                continue
             took = _train(out, data, variant, seed, args.steps, args)
             if took:
                 seconds[variant].append(took)
@@ -176,26 +180,36 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
                 f"CAS {figures['cas_acc']:.3f}, FD {figures['fd']:.4g}",
                 flush=True,
             )
-    first = results[args.variants[0]]
+    first = max(results.values(), key=len)
+    if not first:
+        lines.append(f"\n### {data}: no finished run\n")
+        return
+    counts = [len(results[variant]) for variant in args.variants]
+    seeds = len(args.only_seeds or range(args.seeds))
     lines += [
         f"\n### {data}: {args.steps} G steps × {args.n_dis} D steps, batch 64, "
-        f"{args.image_size}×{args.image_size}, {len(args.only_seeds or range(args.seeds))} seeds "
+        f"{args.image_size}×{args.image_size}, {seeds} seeds "
         "(mean ± std over training "
         f"seeds); extractor test accuracy {100 * first[0]['extractor_test_accuracy']:.1f} %\n",
-        "| figure | better | " + " | ".join(args.variants) + " | real vs real |",
+        "| figure | better | "
+        + " | ".join(
+            variant if count == seeds else f"{variant} ({count} seed{'' if count == 1 else 's'})"
+            for variant, count in zip(args.variants, counts, strict=True)
+        )
+        + " | real vs real |",
         "|---|---|" + "---|" * (len(args.variants) + 1),
     ]
     for key, better in FIGURES.items():
         cells = [_mean_std([r[key] for r in results[variant]]) for variant in args.variants]
         real = _mean_std([r[f"real_{key}"] for r in first])
         lines.append(f"| {key} | {better} | " + " | ".join(cells) + f" | {real} |")
-    took = [
+    times = [
         f"{variant} {statistics.fmean(seconds[variant]):.0f} s"
         for variant in args.variants
         if seconds[variant]
     ]
-    if took:
-        lines.append(f"\ntraining time per run (this invocation): {', '.join(took)}")
+    if times:
+        lines.append(f"\ntraining time per run (this invocation): {', '.join(times)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -220,6 +234,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="train and evaluate these seeds alone (to share the seeds between processes; a "
         "later run with --seeds N reads them back into one table)",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: tabulate the runs already evaluated (a cell names its number of "
+        "seeds when it has fewer than --seeds)",
     )
     parser.add_argument("--root", type=Path, default=Path("runs/bench/contragan"))
     args = parser.parse_args(argv)
