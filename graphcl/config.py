@@ -68,8 +68,7 @@ class PretrainConfig:
     """graph readout over nodes: mean (Hu et al.), sum or attention"""
     conv: Literal["gine", "hu"] = "gine"
     """gin's layer: gine (a ReLU on each message, as PyG's GINEConv) or hu (Hu et al.'s and
-    GraphCL's own: linear messages, a self-loop bond embedding; its sums are sparse products,
-    faster on a CPU)"""
+    GraphCL's own: linear messages, a self-loop bond embedding); both cost about the same"""
     dropout: float = 0.0
     """dropout probability on node embeddings in [0, 1) (Hu et al.: 0 for pre-training)"""
     # group: method
