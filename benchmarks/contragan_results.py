@@ -55,6 +55,29 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "proj": ("ProjGAN: projection discriminator", ["--loss", "proj"]),
     "ac": ("ACGAN: auxiliary classifier on real and fake", ["--loss", "ac"]),
 }
+# the table's variants; the others are the tuning of the two class-consistent options
+MAIN = list(VARIANTS)
+VARIANTS.update(
+    {
+        f"contra-proxy-{name}": (
+            f"ContraGAN: 2C with proxy-only positives, τ {tau}, λ {lam}",
+            ["--loss", "contra", "--class-positives", "proxy", "--tau", tau, "--lambda-2c", lam],
+        )
+        for name, tau, lam in [
+            ("t0.05", "0.05", "1.0"),
+            ("t0.2", "0.2", "1.0"),
+            ("l0.5", "0.1", "0.5"),
+            ("l0.25", "0.1", "0.25"),
+        ]
+    }
+    | {
+        f"reacgan-t{tau}": (
+            f"ReACGAN: D2D-CE, λ 0.5, m_p 0.98, τ {tau}",
+            ["--loss", "reacgan", "--tau", tau],
+        )
+        for tau in ("0.2", "0.3")
+    }
+)
 
 
 def _mean_std(values: list[float]) -> str:
@@ -94,7 +117,9 @@ def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any)
             "--checkpoint-every",
             str(max(1, args.steps // 4)),
             "--device",
-            "cpu",
+            args.device,
+            "--amp",
+            args.amp,
             "--out",
             str(out),
             "--no-progress",
@@ -124,7 +149,7 @@ def _evaluate(checkpoint: Path, out: Path, seed: int, args: Any) -> dict[str, An
             "--cache-dir",
             str(args.root / "extractors"),
             "--device",
-            "cpu",
+            args.device,
             "--out",
             str(out),
         ]
@@ -215,7 +240,13 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--data", nargs="+", default=["digits", "digits-m"])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=MAIN,
+        choices=list(VARIANTS),
+        help=f"default: {' '.join(MAIN)}; the others tune τ and λ of the class-consistent options",
+    )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--n-dis", type=int, default=2)
@@ -240,6 +271,15 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="train nothing: tabulate the runs already evaluated (a cell names its number of "
         "seeds when it has fewer than --seeds)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where to train and evaluate (cpu: a resumed run continues bit for bit)",
+    )
+    parser.add_argument(
+        "--amp", default="auto", choices=["auto", "bf16", "off"], help="contragan train --amp"
     )
     parser.add_argument("--root", type=Path, default=Path("runs/bench/contragan"))
     args = parser.parse_args(argv)

@@ -746,9 +746,11 @@ DEVICE = torch.device(os.environ.get("CONTRASTKIT_TEST_DEVICE", "cuda"))
 def test_device_equals_cpu(name: str) -> None:
     """On the device, the contract holds and a CPU generator gives the CPU's result."""
     batch = molecules(repeat=3)
-    on_device = check_augmentation(name, batch.to(DEVICE))
+    # PyG's Batch.to moves the batch in place: the CPU reference needs its own copy
+    on_device = check_augmentation(name, batch.clone().to(DEVICE))
+    assert batch.x.device.type == "cpu"
     assert_batches_equal(on_device.cpu(), _call(name, batch, 0.3, generator=gen(0)))
-    mixed = random_choice([drop_nodes, subgraph], batch.to(DEVICE), 0.3, generator=gen(0))
+    mixed = random_choice([drop_nodes, subgraph], batch.clone().to(DEVICE), 0.3, generator=gen(0))
     assert_batches_equal(
         mixed.cpu(), random_choice([drop_nodes, subgraph], batch, 0.3, generator=gen(0))
     )

@@ -103,10 +103,16 @@ def check_views(config: str | ViewConfig, channels: int, device: torch.device = 
     if cuda_state is not None:
         assert torch.equal(cuda_state, torch.cuda.get_rng_state(device))
 
-    # without a generator: torch's global stream (seed_everything's per-rank seeds apply)
+    # without a generator: the global stream of the images' device (torch.manual_seed and
+    # seed_everything's per-rank seeds seed every device's)
+    def stream() -> Tensor:
+        return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
     torch.manual_seed(4)
+    seeded = stream()
     a = aug(images)
-    assert not torch.equal(torch.get_rng_state(), torch.random.manual_seed(4).get_state())
+    assert not torch.equal(stream(), seeded), "no generator: the device's global stream is unused"
+    torch.manual_seed(4)
     assert torch.equal(a, aug(images)), "torch.manual_seed(4) must reproduce the views"
 
     # a constant image gives constant views (no padding leaks in at the borders of a crop)
