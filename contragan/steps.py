@@ -215,9 +215,11 @@ class GanUpdater(Updater):
         self.g_opt = torch.optim.Adam(generator.parameters(), lr=g_lr, betas=betas)
         self.d_opt = torch.optim.Adam(discriminator.parameters(), lr=d_lr, betas=betas)
         self.ema: AveragedModel | None = None
-        if ema:
+        if ema:  # the container (module + n_averaged, as checkpoints hold it); see _update_ema
             average = get_ema_multi_avg_fn(ema_decay)  # type: ignore[no-untyped-call]
             self.ema = AveragedModel(unwrap(generator), multi_avg_fn=average)
+        self.ema_decay = ema_decay
+        self._ema_updates = 0  # a host copy of ema.n_averaged
         self.ema_start = ema_start
         self.diffaug = diffaug
         self.steps_done = 0  # the loop's step number after the last step
@@ -270,14 +272,23 @@ class GanUpdater(Updater):
 
     @torch.no_grad()
     def _update_ema(self, step: int) -> None:
+        """AveragedModel.update_parameters with the EMA average, bit for bit, without its host
+        read of the device counter ``n_averaged`` (a wait for the GPU every G step): the branch
+        is taken on the host copy ``_ema_updates``; ``n_averaged`` is still counted, on device.
+        """
         if self.ema is None:
             return
         g = unwrap(self.g)
-        if step > self.ema_start:
-            self.ema.update_parameters(g)
-        else:  # before the start the EMA is G itself
-            for p_ema, p in zip(self.ema.module.parameters(), g.parameters(), strict=True):
+        ema_params: list[Tensor] = list(self.ema.module.parameters())
+        params: list[Tensor] = list(g.parameters())
+        if step > self.ema_start and self._ema_updates > 0:
+            torch._foreach_lerp_(ema_params, params, 1.0 - self.ema_decay)
+        else:  # before the start, and at the first update, the EMA is G itself
+            for p_ema, p in zip(ema_params, params, strict=True):
                 p_ema.copy_(p)
+        if step > self.ema_start:
+            self.ema.n_averaged += 1
+            self._ema_updates += 1
         for b_ema, b in zip(self.ema.module.buffers(), g.buffers(), strict=True):
             b_ema.copy_(b)
 
@@ -312,5 +323,6 @@ class GanUpdater(Updater):
         if self.ema is not None:
             self.ema.module.load_state_dict(state["generator_ema"])
             self.ema.n_averaged.copy_(state["ema_updates"])
+            self._ema_updates = int(state["ema_updates"])  # one read, when a run resumes
         self.g_opt.load_state_dict(state["g_optimizer"])
         self.d_opt.load_state_dict(state["d_optimizer"])

@@ -56,6 +56,10 @@ _MASK_INDEX_OPS = frozenset(
 _REPEAT_OPS = frozenset({"aten.repeat_interleave"})
 
 _HOST_SIDE_MODULES = ("torch.optim", "torch.utils.data")
+# inside those, modules whose counters live on the device: AveragedModel's ``n_averaged`` is a
+# buffer that moves with the model, and ``update_parameters`` reads it on the host every call
+# (seen on an H200 under ``torch.cuda.set_sync_debug_mode("error")``: one wait per G step)
+_DEVICE_SIDE_MODULES = ("torch.optim.swa_utils",)
 
 
 def _has_mask_index(indices: Any) -> bool:
@@ -68,12 +72,19 @@ def _has_mask_index(indices: Any) -> bool:
     )
 
 
+def _in(name: str, modules: tuple[str, ...]) -> bool:
+    return any(name == module or name.startswith(module + ".") for module in modules)
+
+
 def _called_from(modules: tuple[str, ...]) -> bool:
-    """Whether a Python frame of one of ``modules`` (or their submodules) is on the stack."""
+    """Whether the innermost Python frame of ``modules`` (or their submodules) on the stack is
+    not one of :data:`_DEVICE_SIDE_MODULES`, whose ops are counted wherever they are called."""
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if any(name == module or name.startswith(module + ".") for module in modules):
+        if _in(name, _DEVICE_SIDE_MODULES):
+            return False
+        if _in(name, modules):
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False

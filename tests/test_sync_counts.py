@@ -73,3 +73,14 @@ def test_optimizer_step_counters_are_left_out() -> None:
     with count_syncs(ignore_modules=()) as all_syncs:
         optimizer.step()
     assert sum(all_syncs.values()) >= 1  # Adam reads its host step counter
+
+
+def test_averaged_model_counter_is_counted_inside_torch_optim() -> None:
+    """AveragedModel keeps ``n_averaged`` on the model's device and reads it on the host in
+    every ``update_parameters``: a real wait per call on CUDA, though under ``torch.optim``."""
+    model = torch.nn.Linear(3, 2)
+    ema = torch.optim.swa_utils.AveragedModel(model)
+    ema.update_parameters(model)
+    with count_syncs() as syncs:
+        ema.update_parameters(model)
+    assert syncs["aten._local_scalar_dense"] >= 1, syncs

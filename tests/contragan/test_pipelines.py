@@ -22,6 +22,7 @@ from contragan.models import load_generator
 from contragan.steps import GanUpdater
 from shared.checkpoint import load_checkpoint
 from shared.updaters import StepContext
+from tests.sync_counts import count_syncs
 
 # digits at 16×16, narrow networks: a step takes a fraction of a second on one core
 TINY = [
@@ -127,6 +128,47 @@ def test_the_ema_generator_copies_then_averages(tmp_path: Path) -> None:
     assert int(four["ema_updates"]) == 2  # steps 3 and 4
     name = next(k for k in four["generator"] if k.endswith("original"))
     assert not torch.equal(four["generator_ema"][name], four["generator"][name])
+
+
+def test_the_ema_update_is_averaged_models_without_its_host_read() -> None:
+    """Oracle: torch's AveragedModel.update_parameters with the EMA average, step for step
+    across ema_start, bit for bit; and no op that waits for the device (AveragedModel reads
+    its device counter n_averaged on the host at every update)."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    torch.manual_seed(0)
+    g = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    updater = GanUpdater(
+        g, torch.nn.Linear(3, 1), num_classes=2, z_dim=4, loss="proj", ema_decay=0.9, ema_start=2
+    )
+    oracle = AveragedModel(g, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    for step in range(1, 7):
+        with torch.no_grad():
+            for p in g.parameters():
+                p.add_(torch.randn_like(p))
+        g(torch.randn(5, 4))  # moves the batch-norm statistics (buffers: copied, not averaged)
+        with count_syncs() as syncs:
+            updater._update_ema(step)
+        assert sum(syncs.values()) == 0, syncs
+        if step > 2:
+            oracle.update_parameters(g)
+        else:
+            oracle.module.load_state_dict(g.state_dict())
+        for b_oracle, b in zip(oracle.module.buffers(), g.buffers(), strict=True):
+            b_oracle.copy_(b)
+        assert updater.ema is not None
+        assert torch.equal(updater.ema.n_averaged, oracle.n_averaged), step
+        for (name, ours), theirs in zip(
+            updater.ema.module.state_dict().items(),
+            oracle.module.state_dict().values(),
+            strict=True,
+        ):
+            assert torch.equal(ours, theirs), (step, name)
+    restored = GanUpdater(
+        g, torch.nn.Linear(3, 1), num_classes=2, z_dim=4, loss="proj", ema_decay=0.9, ema_start=2
+    )
+    restored.load_state_dict(updater.state_dict())
+    assert restored._ema_updates == 4  # steps 3..6: a resumed run takes the averaging branch
 
 
 def test_sample_draws_one_row_per_class_reproducibly(tmp_path: Path) -> None:
