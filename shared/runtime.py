@@ -9,6 +9,7 @@ of ``(seed, epoch)``, which is what makes an interrupted run resume to the same 
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import sys
@@ -339,4 +340,19 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(move_to_device(value, device) for value in batch)
     to = getattr(batch, "to", None)
-    return to(device) if callable(to) else batch
+    if not callable(to):
+        return batch
+    # PyG's Batch.to copies without non_blocking unless asked: from pageable or pinned memory
+    # alike that copy makes the host wait for the GPU (seen under sync debug mode)
+    return to(device, non_blocking=True) if _takes_non_blocking(to) else to(device)
+
+
+def _takes_non_blocking(method: Callable[..., Any]) -> bool:
+    """Whether ``method`` accepts a ``non_blocking`` keyword."""
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return "non_blocking" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )

@@ -80,6 +80,7 @@ def train_one(
         seed=seed,
         drop_last=False,
         collate_fn=collate_graphs,
+        pin_memory=device.type == "cuda",  # so the copy to the GPU is non-blocking
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     metric, mode = task.main_metric

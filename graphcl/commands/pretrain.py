@@ -104,6 +104,7 @@ def build(
         dist=env,
         num_workers=cfg.num_workers,
         collate_fn=graphs.collate if isinstance(graphs, ShardedGraphs) else collate_graphs,
+        pin_memory=device.type == "cuda",  # so the copy to the GPU is non-blocking
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     views = tuple(view_maker(name, cfg) for name in pretrain_names(cfg))

@@ -255,6 +255,27 @@ def test_move_to_device_keeps_structure() -> None:
     assert move_to_device(Moves(), device).device == device
 
 
+class MovesNonBlocking:
+    def __init__(self) -> None:
+        self.non_blocking: bool | None = None
+
+    def to(self, device: torch.device, *args: str, non_blocking: bool = False) -> MovesNonBlocking:
+        self.non_blocking = non_blocking
+        return self
+
+
+def test_move_to_device_asks_objects_for_a_non_blocking_copy() -> None:
+    """A PyG Batch's ``to`` copies synchronously unless asked for ``non_blocking``."""
+    from torch_geometric.data import Batch, Data
+
+    device = torch.device("cpu")
+    assert move_to_device(MovesNonBlocking(), device).non_blocking is True
+    batch = Batch.from_data_list([Data(x=torch.ones(2, 3)), Data(x=torch.zeros(1, 3))])
+    moved = move_to_device(batch, device)
+    assert torch.equal(moved.x, batch.x) and moved.num_graphs == 2
+    assert move_to_device(Moves(), device).device == device  # no such keyword: a plain to()
+
+
 def test_autocast_dtype_is_decided_once() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert autocast_dtype("auto", cpu) is None
