@@ -170,7 +170,7 @@ def negative_logsumexp(
     M, K = anchors.shape[0], contrasts.shape[0]
     cache = block_size is None and M * K <= core.DENSE_MAX_ELEMENTS
     if block_size is None:  # at least 1: with M = 0 there is no block, not a 0-row one
-        block_size = max(M, 1) if cache else max(1, core.BLOCK_ELEMENTS // max(K, 1))
+        block_size = max(M, 1) if cache else core.auto_block_rows(K, anchors.device)
     # one tensor in both roles goes in once (autograd functions under torch.compile take no
     # tensor twice); its gradient is then the sum of both roles
     same = contrasts is anchors

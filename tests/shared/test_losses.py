@@ -362,6 +362,18 @@ def test_auto_mode_switches_to_blocks_above_the_dense_limit(
     assert torch.allclose(g_block, g_dense, atol=1e-12)
 
 
+def test_auto_block_rows_by_device() -> None:
+    """A CPU's blocks hold about BLOCK_ELEMENTS logits (its caches); CUDA's 4096 anchor rows,
+    the size measured near the matrix-product floor on an H200, within 2**28 logits."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert core.auto_block_rows(16384, cpu) == core.BLOCK_ELEMENTS // 16384 == 128
+    assert core.auto_block_rows(10**9, cpu) == 1
+    assert core.auto_block_rows(16384, cuda) == core.auto_block_rows(65536, cuda) == 4096
+    assert core.auto_block_rows(262144, cuda) == 1024
+    assert core.auto_block_rows(2**30, cuda) == 1
+    assert core.auto_block_rows(0, cuda) == 4096
+
+
 @pytest.mark.parametrize("shifted", [True, False])
 @pytest.mark.parametrize("labelled", [True, False])
 @pytest.mark.parametrize("block_size", [None, 2])
