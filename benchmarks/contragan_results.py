@@ -210,7 +210,8 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
     if not first:
         lines.append(f"\n### {data}: no finished run\n")
         return
-    counts = [len(results[variant]) for variant in args.variants]
+    shown = [variant for variant in args.variants if results[variant]]  # a column per run loss
+    counts = [len(results[variant]) for variant in shown]
     seeds = len(args.only_seeds or range(args.seeds))
     lines += [
         f"\n### {data}: {args.steps} G steps × {args.n_dis} D steps, batch 64, "
@@ -220,13 +221,13 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
         "| figure | better | "
         + " | ".join(
             variant if count == seeds else f"{variant} ({count} seed{'' if count == 1 else 's'})"
-            for variant, count in zip(args.variants, counts, strict=True)
+            for variant, count in zip(shown, counts, strict=True)
         )
         + " | real vs real |",
-        "|---|---|" + "---|" * (len(args.variants) + 1),
+        "|---|---|" + "---|" * (len(shown) + 1),
     ]
     for key, better in FIGURES.items():
-        cells = [_mean_std([r[key] for r in results[variant]]) for variant in args.variants]
+        cells = [_mean_std([r[key] for r in results[variant]]) for variant in shown]
         real = _mean_std([r[f"real_{key}"] for r in first])
         lines.append(f"| {key} | {better} | " + " | ".join(cells) + f" | {real} |")
     times = [
