@@ -198,6 +198,7 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
             took = _train(out, data, variant, seed, args.steps, args)
             if took:
                 seconds[variant].append(took)
+                shutil.rmtree(out / "evaluation", ignore_errors=True)  # a shorter run's figures
             figures = _evaluate(out / "checkpoints" / "last.pt", out / "evaluation", seed, args)
             results[variant].append(figures)
             shutil.copy(out / "plots" / "samples.png", grids / f"{data}-{variant}-s{seed}.png")
