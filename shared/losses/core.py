@@ -42,11 +42,11 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from shared.losses.common import autocast_off, check_block_size
+from shared.losses.common import auto_block_rows, autocast_off, check_block_size
 
 SelfIndex = Tensor | Literal["diagonal"] | None
 
-__all__ = ["DENSE_MAX_ELEMENTS", "LogSumExps", "auto_block_rows", "masked_logsumexp"]
+__all__ = ["DENSE_MAX_ELEMENTS", "LogSumExps", "masked_logsumexp"]
 
 # Auto mode keeps the dense path while the N×K matrix holds at most this many elements
 # (2**24 fp32 = 64 MiB, N = K = 4096); above it, blocks of about BLOCK_ELEMENTS elements
@@ -54,11 +54,7 @@ __all__ = ["DENSE_MAX_ELEMENTS", "LogSumExps", "auto_block_rows", "masked_logsum
 # fresh page faults).
 DENSE_MAX_ELEMENTS = 2**24
 BLOCK_ELEMENTS = 2**21
-# On CUDA such small blocks leave the GPU waiting on kernel launches: at N = 16384 and 65536
-# (D = 128, fp32, one H200) they cost 9× the three N×N×D products any exact method does, and
-# blocks of 4096 anchor rows 1.9× and 1.7×. So there: 4096 rows, at most 2**28 elements (1 GiB).
-CUDA_BLOCK_ROWS = 4096
-CUDA_BLOCK_ELEMENTS = 2**28
+# on CUDA: common.auto_block_rows
 # exp(-x) is a normal float for x below ~87 (fp32) and ~708 (fp64); the largest exponent kept,
 # e^40 (fp32) or e^350 (fp64), leaves room for sums over 10^20 contrasts without overflow.
 _SAFE_EXP_RANGE = {torch.float32: 80.0, torch.float64: 700.0}
@@ -152,7 +148,7 @@ def masked_logsumexp(
         shift = _fixed_shift(bound, dtype)
         cache = block_size is None and M * K <= DENSE_MAX_ELEMENTS
         if block_size is None:  # at least 1: with M = 0 there is no block, not a 0-row one
-            block_size = max(M, 1) if cache else auto_block_rows(K, anchors.device)
+            block_size = max(M, 1) if cache else auto_block_rows(K, anchors.device, BLOCK_ELEMENTS)
         # the same rows (labels) on both sides go in once, as None: autograd functions under
         # torch.compile take no tensor twice, and the gradient of both roles is then summed
         lse_all, lse_pos = _MaskedLogSumExp.apply(
@@ -192,15 +188,6 @@ def _blocks(
                 positive.scatter_(1, self_cols, False)
         out.append(_Block(rows, self_cols, positive))
     return out
-
-
-def auto_block_rows(columns: int, device: torch.device) -> int:
-    """Anchor rows per block of the blockwise path when ``block_size`` is ``None``: about
-    ``BLOCK_ELEMENTS`` logits on a CPU, ``CUDA_BLOCK_ROWS`` rows (within ``CUDA_BLOCK_ELEMENTS``)
-    on CUDA."""
-    if device.type == "cuda":
-        return max(1, min(CUDA_BLOCK_ROWS, CUDA_BLOCK_ELEMENTS // max(columns, 1)))
-    return max(1, BLOCK_ELEMENTS // max(columns, 1))
 
 
 class _Workspace:

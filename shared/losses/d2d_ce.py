@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shared.distributed import gather_no_grad, gather_with_offset
-from shared.losses import core
+from shared.losses import common, core
 from shared.losses.common import (
     Gather,
     Reduction,
@@ -170,7 +170,8 @@ def negative_logsumexp(
     M, K = anchors.shape[0], contrasts.shape[0]
     cache = block_size is None and M * K <= core.DENSE_MAX_ELEMENTS
     if block_size is None:  # at least 1: with M = 0 there is no block, not a 0-row one
-        block_size = max(M, 1) if cache else core.auto_block_rows(K, anchors.device)
+        rows = common.auto_block_rows(K, anchors.device, core.BLOCK_ELEMENTS)
+        block_size = max(M, 1) if cache else rows
     # one tensor in both roles goes in once (autograd functions under torch.compile take no
     # tensor twice); its gradient is then the sum of both roles
     same = contrasts is anchors

@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import shared.losses.common as common
 import shared.losses.core as core
 from shared.losses import (
     ConditionalContrastiveLoss,
@@ -365,13 +366,13 @@ def test_auto_mode_switches_to_blocks_above_the_dense_limit(
 def test_auto_block_rows_by_device() -> None:
     """A CPU's blocks hold about BLOCK_ELEMENTS logits (its caches); CUDA's 4096 anchor rows,
     the size measured near the matrix-product floor on an H200, within 2**28 logits."""
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert core.auto_block_rows(16384, cpu) == core.BLOCK_ELEMENTS // 16384 == 128
-    assert core.auto_block_rows(10**9, cpu) == 1
-    assert core.auto_block_rows(16384, cuda) == core.auto_block_rows(65536, cuda) == 4096
-    assert core.auto_block_rows(262144, cuda) == 1024
-    assert core.auto_block_rows(2**30, cuda) == 1
-    assert core.auto_block_rows(0, cuda) == 4096
+    cpu, cuda, e = torch.device("cpu"), torch.device("cuda"), core.BLOCK_ELEMENTS
+    assert common.auto_block_rows(16384, cpu, e) == e // 16384 == 128
+    assert common.auto_block_rows(10**9, cpu, e) == 1
+    assert common.auto_block_rows(16384, cuda, e) == common.auto_block_rows(65536, cuda, e) == 4096
+    assert common.auto_block_rows(262144, cuda, e) == 1024
+    assert common.auto_block_rows(2**30, cuda, e) == 1
+    assert common.auto_block_rows(0, cuda, e) == 4096
 
 
 @pytest.mark.parametrize("shifted", [True, False])
