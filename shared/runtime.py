@@ -9,6 +9,7 @@ of ``(seed, epoch)``, which is what makes an interrupted run resume to the same 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import random
@@ -344,9 +345,11 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
         return batch
     # PyG's Batch.to copies without non_blocking unless asked: from pageable or pinned memory
     # alike that copy makes the host wait for the GPU (seen under sync debug mode)
-    return to(device, non_blocking=True) if _takes_non_blocking(to) else to(device)
+    takes = _takes_non_blocking(getattr(type(batch), "to", to))  # once per class, not per step
+    return to(device, non_blocking=True) if takes else to(device)
 
 
+@functools.lru_cache(maxsize=64)
 def _takes_non_blocking(method: Callable[..., Any]) -> bool:
     """Whether ``method`` accepts a ``non_blocking`` keyword."""
     try:
