@@ -66,6 +66,9 @@ VARIANTS.update(
         for name, tau, lam in [
             ("t0.05", "0.05", "1.0"),
             ("t0.2", "0.2", "1.0"),
+            ("t0.3", "0.3", "1.0"),
+            ("t0.15", "0.15", "1.0"),
+            ("l2", "0.1", "2.0"),
             ("l0.5", "0.1", "0.5"),
             ("l0.25", "0.1", "0.25"),
             ("t0.2-l0.5", "0.2", "0.5"),
@@ -77,6 +80,13 @@ VARIANTS.update(
             ["--loss", "reacgan", "--tau", tau],
         )
         for tau in ("0.2", "0.3")
+    }
+)
+# each contrastive option with ADC's second proxy per class, for fakes (--adc)
+VARIANTS.update(
+    {
+        f"{name}-adc": (f"{VARIANTS[name][0]}, ADC", [*VARIANTS[name][1], "--adc"])
+        for name in ("contra", "contra-proxy", "contra-proxy-t0.2", "reacgan", "reacgan-t0.1")
     }
 )
 

@@ -64,6 +64,10 @@ class GanArch:
     of the contrastive head for ``"contra"`` and ``"reacgan"`` (512 in the reference, both
     methods); for ``"proj"`` and ``"ac"`` those are h and its class vector, so ``embed_dim``
     must equal the trunk width ``feature_dim`` (the constructors set it).
+
+    ``adc`` (contra and reacgan only) gives the contrastive head two proxies per class, one
+    for real images and one for fakes: the auxiliary discriminative classifier of ADC-GAN
+    (Hou et al. 2022) on the 2C/D2D-CE head, StudioGAN's ``aux_cls_type: ADC``.
     """
 
     name: str
@@ -78,6 +82,7 @@ class GanArch:
     attention: bool
     hierarchical_z: bool
     loss: GanLoss
+    adc: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in ARCHS:
@@ -105,6 +110,10 @@ class GanArch:
             raise ValueError(
                 f"for loss={self.loss!r} the embedding and proxy are h and its class vector, so "
                 f"embed_dim must equal the trunk width {self.feature_dim}, got {self.embed_dim}"
+            )
+        if self.adc and self.loss not in CONTRASTIVE_LOSSES:
+            raise ValueError(
+                f"adc applies to the contrastive losses {CONTRASTIVE_LOSSES}, got {self.loss!r}"
             )
 
     @classmethod

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from contragan.arch import GanLoss
+from contragan.arch import CONTRASTIVE_LOSSES, GanLoss
 from contragan.data import GanData
 from contragan.losses import AdvLoss, ClassPositives, LossSettings
 from shared.config import config_to_dict
@@ -65,6 +65,10 @@ class Config:
     margin_pos: float | None = None
     """reacgan: D2D-CE's positive margin m_p in [0, 1], the negative margin being 1 − m_p;
     none: 0.98 (ReACGAN's CIFAR-10 config)"""
+    adc: bool = False
+    """contra, reacgan: a second proxy per class for fakes (ADC-GAN's auxiliary discriminative
+    classifier; StudioGAN's aux_cls_type: ADC): D also learns fakes against it, G pushes its
+    fakes from it; off: the class term reads real images only (ContraGAN, ReACGAN)"""
     ac_weight: float = 1.0  # ac: weight of the classification loss, >= 0
     ac_fakes: bool = True
     """ac: D's classifier also learns from fakes (the paper; StudioGAN until 2021);
@@ -140,6 +144,10 @@ class Config:
                 f"margin_pos applies to loss reacgan only, got loss {self.loss!r}: drop "
                 "--margin-pos"
             )
+        if self.adc and self.loss not in CONTRASTIVE_LOSSES:
+            raise ValueError(
+                f"adc applies to losses contra and reacgan only, got loss {self.loss!r}: drop --adc"
+            )
         if not self.ac_fakes and self.loss != "ac":
             raise ValueError(
                 f"ac_fakes applies to loss ac only, got loss {self.loss!r}: drop --no-ac-fakes"
@@ -159,11 +167,17 @@ class Config:
             class_positives=self.class_positives,
             margin_pos=self.margin_pos,
             ac_fakes=self.ac_fakes,
+            adc=self.adc,
         )
 
 
 # options added with ReACGAN, at the value that reproduces what came before them
-_ADDED_LATER: dict[str, Any] = {"class_positives": "all", "margin_pos": None, "ac_fakes": True}
+_ADDED_LATER: dict[str, Any] = {
+    "class_positives": "all",
+    "margin_pos": None,
+    "ac_fakes": True,
+    "adc": False,
+}
 
 
 def resume_config(cfg: Config) -> dict[str, Any]:

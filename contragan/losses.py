@@ -16,6 +16,12 @@ The class terms, on the same networks (:mod:`contragan.networks`):
   reads real images, G's its fakes, weighted by λ: StudioGAN's ``d_cond_mtd: D2DCE`` with no
   auxiliary classifier (``aux_cls_type: W/O``, its default). Its CIFAR-10 config:
   λ 0.5, τ 0.5, m_p 0.98.
+- ``adc=True`` on either (ADC-GAN, Hou et al. 2022, on the contrastive head: StudioGAN's
+  ``aux_cls_type: ADC``): the head holds a second proxy per class, for fakes. D also learns its
+  fakes against their fake proxies; G pulls its fakes to the real proxy and pushes them from
+  the fake one (the negated term). The class term thus becomes adversarial: a fake that looks
+  like a typical real sample of its class still matches its fake proxy, so G is not rewarded
+  for dropping the rest of the class.
 - ``"proj"`` (ProjGAN, Miyato & Koyama 2018): no extra term; the class enters through the
   projection inside the adversarial logit.
 - ``"ac"`` (ACGAN, Odena et al. 2017, Eq. 1–2): cross-entropy of the auxiliary classifier,
@@ -140,8 +146,9 @@ class LossSettings:
     ``ac_weight``: the weight of the classification loss (ac); ``gather``: contrast against
     every rank's samples (under DDP); ``class_positives``: the 2C numerator, ``"all"`` or
     ``"proxy"`` (contra); ``margin_pos``: D2D-CE's positive margin m_p, the negative one being
-    1 − m_p (reacgan); ``ac_fakes``: D's classifier also learns from fakes (ac). Built with
-    unset values by :meth:`resolve`.
+    1 − m_p (reacgan); ``ac_fakes``: D's classifier also learns from fakes (ac); ``adc``:
+    the contrastive term also on fakes against their fake proxies (contra, reacgan). Built
+    with unset values by :meth:`resolve`.
     """
 
     adv: AdvLoss = "hinge"
@@ -152,6 +159,7 @@ class LossSettings:
     class_positives: ClassPositives = "all"
     margin_pos: float = 0.98
     ac_fakes: bool = True
+    adc: bool = False
 
     def __post_init__(self) -> None:
         if self.adv not in ADV_LOSSES:
@@ -181,6 +189,7 @@ class LossSettings:
         class_positives: ClassPositives = "all",
         margin_pos: float | None = None,
         ac_fakes: bool = True,
+        adc: bool = False,
     ) -> LossSettings:
         """The settings of method ``loss``, unset λ, τ and m_p taking its reference values
         (:data:`REFERENCE_SETTINGS`; 1, 1 and 0.98 for methods without a contrastive term,
@@ -199,6 +208,7 @@ class LossSettings:
             class_positives=class_positives,
             margin_pos=pick(margin_pos, "margin_pos", 0.98),
             ac_fakes=ac_fakes,
+            adc=adc,
         )
 
 
@@ -219,55 +229,24 @@ def _g_adv(fake: DiscOutput, settings: LossSettings) -> Tensor:
     return ADV_LOSSES[settings.adv][1](fake.adv)
 
 
-def contra_d_loss(
-    real: DiscOutput, fake: DiscOutput, y_real: Tensor, y_fake: Tensor, settings: LossSettings
-) -> dict[str, Tensor]:
-    """ContraGAN's D loss: ``d_adv + λ · 2C(real.embedding, real.proxy, y_real; τ)``.
+ClassTerm = Callable[[Tensor, Tensor, Tensor, LossSettings], Tensor]
 
-    The 2C term reads real images only (Kang & Park 2020, Alg. 1); its numerator holds the
-    positives ``settings.class_positives`` names. Returns ``{"loss": total,
-    "d_adv": ..., "d_2c": ...}``, all scalars with their graph (detach before logging).
 
-    Shape:
-        real: DiscOutput of N real images; fake: DiscOutput of M fakes; y_real: ``(N,)``;
-        y_fake: ``(M,)``
-    """
-    d_adv = _d_adv(real, fake, settings)
-    d_2c = conditional_contrastive_loss(
-        real.embedding,
-        real.proxy,
-        y_real,
+def _two_c(embedding: Tensor, proxy: Tensor, labels: Tensor, settings: LossSettings) -> Tensor:
+    return conditional_contrastive_loss(
+        embedding,
+        proxy,
+        labels,
         temperature=settings.tau,
         gather=settings.gather,
         positives=settings.class_positives,
     )
-    return {"loss": d_adv + settings.lambda_2c * d_2c, "d_adv": d_adv, "d_2c": d_2c}
 
 
-def contra_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> dict[str, Tensor]:
-    """ContraGAN's G loss: ``g_adv + λ · 2C(fake.embedding, fake.proxy, y_fake; τ)``.
-
-    Returns ``{"loss": total, "g_adv": ..., "g_2c": ...}``.
-
-    Shape:
-        fake: DiscOutput of M fakes; y_fake: ``(M,)`` their conditioning labels
-    """
-    g_adv = _g_adv(fake, settings)
-    g_2c = conditional_contrastive_loss(
-        fake.embedding,
-        fake.proxy,
-        y_fake,
-        temperature=settings.tau,
-        gather=settings.gather,
-        positives=settings.class_positives,
-    )
-    return {"loss": g_adv + settings.lambda_2c * g_2c, "g_adv": g_adv, "g_2c": g_2c}
-
-
-def _d2dce(out: DiscOutput, labels: Tensor, settings: LossSettings) -> Tensor:
+def _d2dce(embedding: Tensor, proxy: Tensor, labels: Tensor, settings: LossSettings) -> Tensor:
     return data_to_data_cross_entropy_loss(
-        out.embedding,
-        out.proxy,
+        embedding,
+        proxy,
         labels,
         temperature=settings.tau,
         margin_pos=settings.margin_pos,
@@ -275,34 +254,101 @@ def _d2dce(out: DiscOutput, labels: Tensor, settings: LossSettings) -> Tensor:
     )
 
 
-def reacgan_d_loss(
+def _fake_proxy(out: DiscOutput) -> Tensor:
+    if out.fake_proxy is None:
+        raise ValueError(
+            "adc=True needs fake_proxy on the fake DiscOutput; build the discriminator with "
+            "GanArch(adc=True)"
+        )
+    return out.fake_proxy
+
+
+def _contrastive_d_loss(
+    real: DiscOutput,
+    fake: DiscOutput,
+    y_real: Tensor,
+    y_fake: Tensor,
+    settings: LossSettings,
+    term: ClassTerm,
+    name: str,
+) -> dict[str, Tensor]:
+    d_adv = _d_adv(real, fake, settings)
+    d_class = term(real.embedding, real.proxy, y_real, settings)
+    parts = {"d_adv": d_adv, f"d_{name}": d_class}
+    if settings.adc:  # each source contrasted within itself, as StudioGAN computes them
+        parts["d_adc"] = term(fake.embedding, _fake_proxy(fake), y_fake, settings)
+        d_class = d_class + parts["d_adc"]
+    return {"loss": d_adv + settings.lambda_2c * d_class, **parts}
+
+
+def _contrastive_g_loss(
+    fake: DiscOutput, y_fake: Tensor, settings: LossSettings, term: ClassTerm, name: str
+) -> dict[str, Tensor]:
+    g_adv = _g_adv(fake, settings)
+    g_class = term(fake.embedding, fake.proxy, y_fake, settings)
+    parts = {"g_adv": g_adv, f"g_{name}": g_class}
+    if settings.adc:
+        parts["g_adc"] = -term(fake.embedding, _fake_proxy(fake), y_fake, settings)
+        g_class = g_class + parts["g_adc"]
+    return {"loss": g_adv + settings.lambda_2c * g_class, **parts}
+
+
+def contra_d_loss(
     real: DiscOutput, fake: DiscOutput, y_real: Tensor, y_fake: Tensor, settings: LossSettings
 ) -> dict[str, Tensor]:
-    """ReACGAN's D loss: ``d_adv + λ · D2D-CE(real.embedding, real.proxy, y_real; τ, m_p)``.
+    """ContraGAN's D loss: ``d_adv + λ · 2C(real.embedding, real.proxy, y_real; τ)``.
 
-    D2D-CE reads real images only (StudioGAN's ``worker.py`` without ADC/TAC). Returns
-    ``{"loss": total, "d_adv": ..., "d_d2dce": ...}``.
+    The 2C term reads real images only (Kang & Park 2020, Alg. 1); its numerator holds the
+    positives ``settings.class_positives`` names. With ``settings.adc`` it adds
+    ``λ · 2C(fake.embedding, fake.fake_proxy, y_fake; τ)``. Returns ``{"loss": total,
+    "d_adv": ..., "d_2c": ...}`` (and ``"d_adc"``), all scalars with their graph (detach
+    before logging).
 
     Shape:
         real: DiscOutput of N real images; fake: DiscOutput of M fakes; y_real: ``(N,)``;
         y_fake: ``(M,)``
     """
-    d_adv = _d_adv(real, fake, settings)
-    d_d2dce = _d2dce(real, y_real, settings)
-    return {"loss": d_adv + settings.lambda_2c * d_d2dce, "d_adv": d_adv, "d_d2dce": d_d2dce}
+    return _contrastive_d_loss(real, fake, y_real, y_fake, settings, _two_c, "2c")
+
+
+def contra_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> dict[str, Tensor]:
+    """ContraGAN's G loss: ``g_adv + λ · 2C(fake.embedding, fake.proxy, y_fake; τ)``.
+
+    With ``settings.adc`` it adds ``−λ · 2C(fake.embedding, fake.fake_proxy, y_fake; τ)``.
+    Returns ``{"loss": total, "g_adv": ..., "g_2c": ...}`` (and ``"g_adc"``).
+
+    Shape:
+        fake: DiscOutput of M fakes; y_fake: ``(M,)`` their conditioning labels
+    """
+    return _contrastive_g_loss(fake, y_fake, settings, _two_c, "2c")
+
+
+def reacgan_d_loss(
+    real: DiscOutput, fake: DiscOutput, y_real: Tensor, y_fake: Tensor, settings: LossSettings
+) -> dict[str, Tensor]:
+    """ReACGAN's D loss: ``d_adv + λ · D2D-CE(real.embedding, real.proxy, y_real; τ, m_p)``.
+
+    D2D-CE reads real images only (StudioGAN's ``worker.py`` without ADC/TAC); with
+    ``settings.adc`` it adds ``λ · D2D-CE(fake.embedding, fake.fake_proxy, y_fake)``. Returns
+    ``{"loss": total, "d_adv": ..., "d_d2dce": ...}`` (and ``"d_adc"``).
+
+    Shape:
+        real: DiscOutput of N real images; fake: DiscOutput of M fakes; y_real: ``(N,)``;
+        y_fake: ``(M,)``
+    """
+    return _contrastive_d_loss(real, fake, y_real, y_fake, settings, _d2dce, "d2dce")
 
 
 def reacgan_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> dict[str, Tensor]:
     """ReACGAN's G loss: ``g_adv + λ · D2D-CE(fake.embedding, fake.proxy, y_fake; τ, m_p)``.
 
-    Returns ``{"loss": total, "g_adv": ..., "g_d2dce": ...}``.
+    With ``settings.adc`` it adds ``−λ · D2D-CE(fake.embedding, fake.fake_proxy, y_fake)``.
+    Returns ``{"loss": total, "g_adv": ..., "g_d2dce": ...}`` (and ``"g_adc"``).
 
     Shape:
         fake: DiscOutput of M fakes; y_fake: ``(M,)`` their conditioning labels
     """
-    g_adv = _g_adv(fake, settings)
-    g_d2dce = _d2dce(fake, y_fake, settings)
-    return {"loss": g_adv + settings.lambda_2c * g_d2dce, "g_adv": g_adv, "g_d2dce": g_d2dce}
+    return _contrastive_g_loss(fake, y_fake, settings, _d2dce, "d2dce")
 
 
 def proj_d_loss(

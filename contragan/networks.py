@@ -44,15 +44,19 @@ class DiscOutput(NamedTuple):
     row ``w_y`` (``class_logits[i, y_i] = ⟨w_{y_i}, h_i⟩``). Their width D is always
     ``arch.embed_dim``, which :class:`GanArch` sets to the trunk width for proj/ac.
 
+    ``fake_proxy`` is the second proxy of the class, the one fakes are assigned to, when the
+    head has two per class (``arch.adc``); else None.
+
     Shape:
         adv: ``(N,)``; embedding: ``(N, D)``; proxy: ``(N, D)``; class_logits: ``(N, C)`` for
-        ``"ac"``, else None.
+        ``"ac"``, else None; fake_proxy: ``(N, D)`` or None.
     """
 
     adv: Tensor
     embedding: Tensor
     proxy: Tensor
     class_logits: Tensor | None
+    fake_proxy: Tensor | None = None
 
 
 class Generator(nn.Module):
@@ -115,15 +119,24 @@ class Generator(nn.Module):
 
 class _ContrastiveHead(nn.Module):
     """ContraGAN's and ReACGAN's head: ``l = W h + b`` and the class embedding ``e(y)``, both
-    spectrally normalised (StudioGAN); the adversarial logit is left unconditional."""
+    spectrally normalised (StudioGAN); the adversarial logit is left unconditional.
 
-    def __init__(self, feature_dim: int, num_classes: int, embed_dim: int) -> None:
+    With ``adc`` the table has ``2C`` rows, as StudioGAN's: row ``2y`` is class y's proxy for
+    real images, row ``2y + 1`` its proxy for fakes (``DiscOutput.fake_proxy``)."""
+
+    def __init__(self, feature_dim: int, num_classes: int, embed_dim: int, adc: bool) -> None:
         super().__init__()
+        self.adc = adc
         self.projection = sn_linear(feature_dim, embed_dim)
-        self.proxies = sn_embedding(num_classes, embed_dim)
+        self.proxies = sn_embedding(num_classes * (2 if adc else 1), embed_dim)
 
     def forward(self, h: Tensor, y: Tensor, adv: Tensor) -> DiscOutput:
-        return DiscOutput(adv, self.projection(h), self.proxies(y), None)  # (N, D) twice
+        embedding = self.projection(h)  # (N, D)
+        if not self.adc:
+            return DiscOutput(adv, embedding, self.proxies(y), None)
+        # one lookup: in training mode each access of the normalised table runs a power iteration
+        real_proxy, fake_proxy = self.proxies(torch.stack([2 * y, 2 * y + 1])).unbind(0)
+        return DiscOutput(adv, embedding, real_proxy, None, fake_proxy)
 
 
 class _ProjectionHead(nn.Module):
@@ -181,7 +194,7 @@ class Discriminator(nn.Module):
         self.linear = sn_linear(width, 1)
         self.head: nn.Module
         if arch.loss in CONTRASTIVE_LOSSES:
-            self.head = _ContrastiveHead(width, arch.num_classes, arch.embed_dim)
+            self.head = _ContrastiveHead(width, arch.num_classes, arch.embed_dim, arch.adc)
         elif arch.loss == "proj":
             self.head = _ProjectionHead(width, arch.num_classes)
         else:

@@ -100,15 +100,23 @@ def save_class_grid(
     return images
 
 
-def curve_keys(loss: str) -> list[str]:
-    """The metrics.csv columns of a ``loss`` run that :func:`plot_losses` draws."""
-    return ["d_loss", "g_loss", "d_real", "d_fake", *_CLASS_TERMS[loss]]
+def curve_keys(loss: str, adc: bool = False) -> list[str]:
+    """The metrics.csv columns of a ``loss`` run (with ``adc``: its ADC terms too) that
+    :func:`plot_losses` draws."""
+    return [
+        "d_loss",
+        "g_loss",
+        "d_real",
+        "d_fake",
+        *_CLASS_TERMS[loss],
+        *(["d_adc", "g_adc"] if adc else []),
+    ]
 
 
-def plot_losses(run: RunDir, loss: str) -> Path:
+def plot_losses(run: RunDir, loss: str, adc: bool = False) -> Path:
     """The run's loss curves (:func:`curve_keys`) as ``plots/losses.png``."""
     path = run.plots / "losses.png"
-    plot_loss_curves(run.metrics_path, path, keys=curve_keys(loss))
+    plot_loss_curves(run.metrics_path, path, keys=curve_keys(loss, adc))
     return path
 
 
@@ -117,10 +125,11 @@ def class_term(cfg: Config) -> str:
     positives: all)``."""
     settings = cfg.loss_settings
     weights = f"λ {settings.lambda_2c:g}, τ {settings.tau:g}"
+    adc = ", ADC: fakes against a fake proxy per class" if settings.adc else ""
     if cfg.loss == "contra":
-        return f"2C ({weights}, positives: {settings.class_positives})"
+        return f"2C ({weights}, positives: {settings.class_positives}{adc})"
     if cfg.loss == "reacgan":
-        return f"D2D-CE ({weights}, m_p {settings.margin_pos:g})"
+        return f"D2D-CE ({weights}, m_p {settings.margin_pos:g}{adc})"
     if cfg.loss == "ac":
         sources = "real and fake" if settings.ac_fakes else "real"
         return f"classifier cross-entropy (weight {settings.ac_weight:g}, D on {sources} images)"

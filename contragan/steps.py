@@ -89,6 +89,7 @@ def discriminator_loss(
     class_positives: ClassPositives = "all",
     margin_pos: float | None = None,
     ac_fakes: bool = True,
+    adc: bool = False,
 ) -> dict[str, Tensor]:
     """D's loss of method ``loss``: adversarial on real and fake, plus the method's class term.
 
@@ -111,6 +112,7 @@ def discriminator_loss(
         class_positives=class_positives,
         margin_pos=margin_pos,
         ac_fakes=ac_fakes,
+        adc=adc,
     )
     return fns.discriminator(real, fake, y_real, y_fake, settings)
 
@@ -127,6 +129,7 @@ def generator_loss(
     gather: bool = False,
     class_positives: ClassPositives = "all",
     margin_pos: float | None = None,
+    adc: bool = False,
 ) -> dict[str, Tensor]:
     """G's loss of method ``loss`` on D's output for its fakes: adversarial plus the class term.
 
@@ -145,31 +148,31 @@ def generator_loss(
         gather=gather,
         class_positives=class_positives,
         margin_pos=margin_pos,
+        adc=adc,
     )
     return fns.generator(fake, y_fake, settings)
 
 
+def _map(out: DiscOutput, fn: Callable[[Tensor], Tensor]) -> DiscOutput:
+    """``fn`` applied to every field of ``out`` that is a tensor."""
+    logits, fake_proxy = out.class_logits, out.fake_proxy
+    return DiscOutput(
+        fn(out.adv),
+        fn(out.embedding),
+        fn(out.proxy),
+        None if logits is None else fn(logits),
+        None if fake_proxy is None else fn(fake_proxy),
+    )
+
+
 def _split(out: DiscOutput, n: int) -> tuple[DiscOutput, DiscOutput]:
     """The first ``n`` rows of every field and the rest."""
-    logits = out.class_logits
-    first = DiscOutput(
-        out.adv[:n], out.embedding[:n], out.proxy[:n], None if logits is None else logits[:n]
-    )
-    rest = DiscOutput(
-        out.adv[n:], out.embedding[n:], out.proxy[n:], None if logits is None else logits[n:]
-    )
-    return first, rest
+    return _map(out, lambda t: t[:n]), _map(out, lambda t: t[n:])
 
 
 def _float(out: DiscOutput) -> DiscOutput:
     """Losses run in float32 outside autocast."""
-    logits = out.class_logits
-    return DiscOutput(
-        out.adv.float(),
-        out.embedding.float(),
-        out.proxy.float(),
-        None if logits is None else logits.float(),
-    )
+    return _map(out, lambda t: t.float())
 
 
 class GanUpdater(Updater):

@@ -78,7 +78,7 @@ def finish(
         metadata={"arch": json.dumps(asdict(arch)), "loss": cfg.loss, "data": cfg.data},
     )
     save_class_grid(generator, arch, run.plots / "samples.png", device=device, seed=cfg.seed)
-    plot_losses(run, cfg.loss)
+    plot_losses(run, cfg.loss, cfg.adc)
     summary: dict[str, Any] = {
         "loss": cfg.loss,
         "data": cfg.data,
