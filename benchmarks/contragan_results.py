@@ -82,6 +82,16 @@ VARIANTS.update(
         for tau in ("0.2", "0.3")
     }
 )
+# the best contrastive option and ProjGAN with DiffAugment's CIFAR-10 recipe on D's images
+VARIANTS.update(
+    {
+        f"{name}-da": (
+            f"{VARIANTS[name][0]}, DiffAugment",
+            [*VARIANTS[name][1], "--diffaug", "color,translation,cutout"],
+        )
+        for name in ("proj", "contra-proxy-t0.2")
+    }
+)
 # each contrastive option with ADC's second proxy per class, for fakes (--adc)
 VARIANTS.update(
     {

@@ -341,12 +341,12 @@ def graphcl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
 
 
 # The tour's two conditional GANs, both `contragan train --quick` on digits: the paper's ContraGAN
-# and the class-consistent option (the proxy as the 2C loss's only positive, τ 0.1).
+# and the class-consistent option (the proxy as the 2C loss's only positive, τ 0.2).
 GAN_VARIANTS: dict[str, tuple[str, list[str]]] = {
     "contragan": ("ContraGAN (2C, τ 1): the paper", []),
     "contragan_proxy": (
-        "ContraGAN, proxy-only positives, τ 0.1",
-        ["--class-positives", "proxy", "--tau", "0.1"],
+        "ContraGAN, proxy-only positives, τ 0.2",
+        ["--class-positives", "proxy", "--tau", "0.2"],
     ),
 }
 GAN_FIGURES = (
@@ -417,7 +417,7 @@ def contragan_section(
         "`contragan_samples.png` shows one row per class from each EMA generator. The paper's "
         "2C loss counts every same-class sample as a positive, and at τ 1 its pull on G is "
         "small: the generator draws digits but not the class it is asked for (the published "
-        "method does this too). With the class proxy as the only positive and τ 0.1 the rows "
+        "method does this too). With the class proxy as the only positive and τ 0.2 the rows "
         "hold their class.\n\n"
         + "\n".join(runs)
         + "\n\n`contragan evaluate --quick` (one generated set; the feature space of a "

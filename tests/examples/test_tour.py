@@ -58,6 +58,6 @@ def test_contragan_section_shows_both_grids_and_every_figure_next_to_real(tmp_pa
     assert header.count("|") == 2 + len(tour.GAN_VARIANTS) + 2
     for key in ("fd", "gan_test_acc", "cas_acc", "precision", "coverage"):
         assert f"| {key} |" in text
-    assert "--class-positives proxy --tau 0.1" in text
+    assert "--class-positives proxy --tau 0.2" in text
     gan_test = numbers["contragan_proxy_digits/gan_test_acc"]
     assert f"GAN-test {gan_test:.2f}" in text
