@@ -99,6 +99,13 @@ VARIANTS.update(
         for name in ("contra", "contra-proxy", "contra-proxy-t0.2", "reacgan", "reacgan-t0.1")
     }
 )
+# the contrastive options with ProjGAN's conditional adversarial logit (--proj-adv)
+VARIANTS.update(
+    {
+        f"{name}-pa": (f"{VARIANTS[name][0]}, projection logit", [*VARIANTS[name][1], "--proj-adv"])
+        for name in ("contra-proxy-t0.2", "reacgan-t0.1")
+    }
+)
 
 
 def _mean_std(values: list[float]) -> str:

@@ -68,6 +68,11 @@ class GanArch:
     ``adc`` (contra and reacgan only) gives the contrastive head two proxies per class, one
     for real images and one for fakes: the auxiliary discriminative classifier of ADC-GAN
     (Hou et al. 2022) on the 2C/D2D-CE head, StudioGAN's ``aux_cls_type: ADC``.
+
+    ``proj_adv`` (contra and reacgan only) makes their unconditional adversarial logit
+    ProjGAN's conditional one, ``w·h + ⟨v(y), h⟩`` with its own class table ``v`` (not the
+    proxies): D then judges each image against its class's real images, besides the class
+    term. Neither ContraGAN nor ReACGAN has it (their logit is unconditional).
     """
 
     name: str
@@ -83,6 +88,7 @@ class GanArch:
     hierarchical_z: bool
     loss: GanLoss
     adc: bool = False
+    proj_adv: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in ARCHS:
@@ -114,6 +120,11 @@ class GanArch:
         if self.adc and self.loss not in CONTRASTIVE_LOSSES:
             raise ValueError(
                 f"adc applies to the contrastive losses {CONTRASTIVE_LOSSES}, got {self.loss!r}"
+            )
+        if self.proj_adv and self.loss not in CONTRASTIVE_LOSSES:
+            raise ValueError(
+                f"proj_adv applies to the contrastive losses {CONTRASTIVE_LOSSES}, got "
+                f"{self.loss!r} (proj's logit is conditional already)"
             )
 
     @classmethod

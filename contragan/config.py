@@ -69,6 +69,10 @@ class Config:
     """contra, reacgan: a second proxy per class for fakes (ADC-GAN's auxiliary discriminative
     classifier; StudioGAN's aux_cls_type: ADC): D also learns fakes against it, G pushes its
     fakes from it; off: the class term reads real images only (ContraGAN, ReACGAN)"""
+    proj_adv: bool = False
+    """contra, reacgan: the adversarial logit gains ProjGAN's class projection ⟨v(y), h⟩ (a
+    table of its own), so D also judges each image against its class's real images; off: the
+    logit is unconditional (ContraGAN, ReACGAN)"""
     ac_weight: float = 1.0  # ac: weight of the classification loss, >= 0
     ac_fakes: bool = True
     """ac: D's classifier also learns from fakes (the paper; StudioGAN until 2021);
@@ -148,6 +152,11 @@ class Config:
             raise ValueError(
                 f"adc applies to losses contra and reacgan only, got loss {self.loss!r}: drop --adc"
             )
+        if self.proj_adv and self.loss not in CONTRASTIVE_LOSSES:
+            raise ValueError(
+                f"proj_adv applies to losses contra and reacgan only, got loss {self.loss!r}: "
+                "drop --proj-adv"
+            )
         if not self.ac_fakes and self.loss != "ac":
             raise ValueError(
                 f"ac_fakes applies to loss ac only, got loss {self.loss!r}: drop --no-ac-fakes"
@@ -171,12 +180,13 @@ class Config:
         )
 
 
-# options added with ReACGAN, at the value that reproduces what came before them
+# options added with ReACGAN (and later), at the value that reproduces what came before them
 _ADDED_LATER: dict[str, Any] = {
     "class_positives": "all",
     "margin_pos": None,
     "ac_fakes": True,
     "adc": False,
+    "proj_adv": False,
 }
 
 

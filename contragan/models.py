@@ -76,7 +76,7 @@ def build_arch(cfg: Config, data: ImageData) -> GanArch:
     arch = make(
         image_size=size, channels=channels, num_classes=data.num_classes, loss=cfg.loss, **widths
     )
-    return replace(arch, adc=True) if cfg.adc else arch
+    return replace(arch, adc=cfg.adc, proj_adv=cfg.proj_adv)
 
 
 class Built(NamedTuple):

@@ -10,7 +10,8 @@ class-conditioning heads:
 - ``"contra"`` (ContraGAN) and ``"reacgan"`` (ReACGAN, Kang et al. 2021): a projection head
   ``l = W h + b`` and a class embedding ``e(y)``, the embedding and proxy of the 2C loss (Kang &
   Park 2020, Eq. 8) or of D2D-CE; the adversarial logit stays unconditional. StudioGAN builds
-  the same head for both (``d_cond_mtd`` "2C" and "D2DCE").
+  the same head for both (``d_cond_mtd`` "2C" and "D2DCE"). With ``arch.proj_adv`` the logit
+  gains ProjGAN's ``⟨v(y), h⟩`` from a table of its own (an option of this project).
 - ``"proj"`` (ProjGAN, Miyato & Koyama 2018, Eq. 3): the adversarial logit gains ``⟨e(y), h⟩``.
 - ``"ac"`` (ACGAN, Odena et al. 2017): class logits ``W h`` for an auxiliary cross-entropy.
 
@@ -122,15 +123,23 @@ class _ContrastiveHead(nn.Module):
     spectrally normalised (StudioGAN); the adversarial logit is left unconditional.
 
     With ``adc`` the table has ``2C`` rows, as StudioGAN's: row ``2y`` is class y's proxy for
-    real images, row ``2y + 1`` its proxy for fakes (``DiscOutput.fake_proxy``)."""
+    real images, row ``2y + 1`` its proxy for fakes (``DiscOutput.fake_proxy``).
 
-    def __init__(self, feature_dim: int, num_classes: int, embed_dim: int, adc: bool) -> None:
+    With ``proj_adv`` a second table ``v`` (``class_adv``, width of h) makes the adversarial
+    logit ProjGAN's, ``adv + ⟨v(y), h⟩``; the proxies stay the class term's alone."""
+
+    def __init__(
+        self, feature_dim: int, num_classes: int, embed_dim: int, adc: bool, proj_adv: bool
+    ) -> None:
         super().__init__()
         self.adc = adc
         self.projection = sn_linear(feature_dim, embed_dim)
         self.proxies = sn_embedding(num_classes * (2 if adc else 1), embed_dim)
+        self.class_adv = sn_embedding(num_classes, feature_dim) if proj_adv else None
 
     def forward(self, h: Tensor, y: Tensor, adv: Tensor) -> DiscOutput:
+        if self.class_adv is not None:
+            adv = adv + (self.class_adv(y) * h).sum(dim=1)  # (N,)
         embedding = self.projection(h)  # (N, D)
         if not self.adc:
             return DiscOutput(adv, embedding, self.proxies(y), None)
@@ -194,7 +203,9 @@ class Discriminator(nn.Module):
         self.linear = sn_linear(width, 1)
         self.head: nn.Module
         if arch.loss in CONTRASTIVE_LOSSES:
-            self.head = _ContrastiveHead(width, arch.num_classes, arch.embed_dim, arch.adc)
+            self.head = _ContrastiveHead(
+                width, arch.num_classes, arch.embed_dim, arch.adc, arch.proj_adv
+            )
         elif arch.loss == "proj":
             self.head = _ProjectionHead(width, arch.num_classes)
         else:

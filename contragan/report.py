@@ -126,6 +126,8 @@ def class_term(cfg: Config) -> str:
     settings = cfg.loss_settings
     weights = f"λ {settings.lambda_2c:g}, τ {settings.tau:g}"
     adc = ", ADC: fakes against a fake proxy per class" if settings.adc else ""
+    if cfg.proj_adv:
+        adc += "; adversarial logit with ProjGAN's ⟨v(y), h⟩"
     if cfg.loss == "contra":
         return f"2C ({weights}, positives: {settings.class_positives}{adc})"
     if cfg.loss == "reacgan":

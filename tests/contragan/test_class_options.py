@@ -1,10 +1,10 @@
 """contragan's class options end to end: ``--loss reacgan``, ``--loss contra --class-positives
-proxy`` (also with ``--adc``) and ``--loss ac --no-ac-fakes`` each train, resume bit for bit
-after a stop and sample, and a reacgan run evaluates (the others have contra's and ac's
-generators, and evaluate reads no more of their config than sample does); a resume compares
-the settings in use, so a run folder from before these options resumes and explicit reference
-values equal unset ones; a class option given with a loss it does not apply to is refused with
-one line, before any folder is made."""
+proxy`` (also with ``--adc`` or ``--proj-adv``) and ``--loss ac --no-ac-fakes`` each train,
+resume bit for bit after a stop and sample, and a reacgan run and a ``--proj-adv`` run
+evaluate (the others have contra's and ac's generators, and evaluate reads no more of their
+config than sample does); a resume compares the settings in use, so a run folder from before
+these options resumes and explicit reference values equal unset ones; a class option given
+with a loss it does not apply to is refused with one line, before any folder is made."""
 
 from __future__ import annotations
 
@@ -39,6 +39,11 @@ VARIANTS: dict[str, tuple[list[str], str, str]] = {
         ["--loss", "contra", "--class-positives", "proxy", "--tau", "0.2", "--adc"],
         "g_adc",
         "2C (λ 1, τ 0.2, positives: proxy, ADC: fakes against a fake proxy per class)",
+    ),
+    "contra-proxy-pa": (
+        ["--loss", "contra", "--class-positives", "proxy", "--tau", "0.2", "--proj-adv"],
+        "d_2c",
+        "2C (λ 1, τ 0.2, positives: proxy; adversarial logit with ProjGAN's ⟨v(y), h⟩)",
     ),
     "ac-real-only": (
         ["--loss", "ac", "--no-ac-fakes"],
@@ -87,7 +92,8 @@ def test_the_option_trains_resumes_samples_and_evaluates(
     assert drawn["images"].shape == (6, 1, 16, 16)
     assert drawn["labels"].tolist() == [0, 0, 1, 1, 2, 2]
 
-    if name != "reacgan":  # evaluate reads the generator and the config, as sample just did
+    # evaluate reads the generator and the config, as sample just did; a --proj-adv D differs
+    if name not in ("reacgan", "contra-proxy-pa"):
         return
     tiny = ["--extractor-epochs", "1", "--cas-epochs", "1", "--seeds", "1"]
     cache = ["--cache-dir", str(tmp_path / "cache"), "--min-extractor-accuracy", "0"]
@@ -106,7 +112,7 @@ def test_a_resume_compares_the_settings_in_use(
     _train(run, "--max-steps", "2", *STEPS[2:])
     stored = load_checkpoint(run / "checkpoints" / "last.pt")["config"]["pipeline"]
     assert (stored["lambda_2c"], stored["tau"]) == (1.0, 1.0)
-    assert not {"class_positives", "margin_pos", "ac_fakes", "adc"} & set(stored)
+    assert not {"class_positives", "margin_pos", "ac_fakes", "adc", "proj_adv"} & set(stored)
     assert _train(run, "--max-steps", "3", "--lambda-2c", "1", "--tau", "1", "--resume")["steps"]
     changed = ["train", *TINY, "--out", str(run), "--max-steps", "4", "--resume"]
     capsys.readouterr()  # the progress bars so far
@@ -143,6 +149,8 @@ def test_resume_config_resolves_what_the_losses_use() -> None:
         (["--loss", "ac", "--margin-pos", "0.9"], "margin_pos applies to loss reacgan only"),
         (["--loss", "contra", "--no-ac-fakes"], "ac_fakes applies to loss ac only"),
         (["--loss", "proj", "--adc"], "adc applies to losses contra and reacgan only"),
+        (["--loss", "proj", "--proj-adv"], "proj_adv applies to losses contra and reacgan only"),
+        (["--loss", "ac", "--proj-adv"], "proj_adv applies to losses contra and reacgan only"),
         (["--loss", "reacgan", "--margin-pos", "1.5"], "margin_pos must lie in [0, 1], got 1.5"),
         (["--loss", "reacgan", "--lambda-2c", "nan"], "lambda_2c must be a finite number >= 0"),
         (["--loss", "reacgan", "--tau", "0"], "tau must be > 0"),
