@@ -22,8 +22,6 @@ The class terms, on the same networks (:mod:`contragan.networks`):
   the fake one (the negated term). The class term thus becomes adversarial: a fake that looks
   like a typical real sample of its class still matches its fake proxy, so G is not rewarded
   for dropping the rest of the class.
-- ``GanArch(proj_adv=True)`` on either changes no term here: D's adversarial logit itself
-  gains ProjGAN's class projection (:mod:`contragan.networks`), so ``adv`` reads the label.
 - ``"proj"`` (ProjGAN, Miyato & Koyama 2018): no extra term; the class enters through the
   projection inside the adversarial logit.
 - ``"ac"`` (ACGAN, Odena et al. 2017, Eq. 1–2): cross-entropy of the auxiliary classifier,
