@@ -118,6 +118,11 @@ class Generator(nn.Module):
         return images
 
 
+def _projection(e: Tensor, h: Tensor) -> Tensor:
+    """ProjGAN's class term ``⟨e(y), h⟩`` per sample: ``(N, F), (N, F) -> (N,)``."""
+    return (e * h).sum(dim=1)
+
+
 class _ContrastiveHead(nn.Module):
     """ContraGAN's and ReACGAN's head: ``l = W h + b`` and the class embedding ``e(y)``, both
     spectrally normalised (StudioGAN); the adversarial logit is left unconditional.
@@ -139,7 +144,7 @@ class _ContrastiveHead(nn.Module):
 
     def forward(self, h: Tensor, y: Tensor, adv: Tensor) -> DiscOutput:
         if self.class_adv is not None:
-            adv = adv + (self.class_adv(y) * h).sum(dim=1)  # (N,)
+            adv = adv + _projection(self.class_adv(y), h)
         embedding = self.projection(h)  # (N, D)
         if not self.adc:
             return DiscOutput(adv, embedding, self.proxies(y), None)
@@ -157,7 +162,7 @@ class _ProjectionHead(nn.Module):
 
     def forward(self, h: Tensor, y: Tensor, adv: Tensor) -> DiscOutput:
         e = self.embedding(y)  # (N, F)
-        return DiscOutput(adv + (e * h).sum(dim=1), h, e, None)
+        return DiscOutput(adv + _projection(e, h), h, e, None)
 
 
 class _ClassifierHead(nn.Module):
