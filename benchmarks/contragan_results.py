@@ -72,6 +72,7 @@ VARIANTS.update(
             ("l0.5", "0.1", "0.5"),
             ("l0.25", "0.1", "0.25"),
             ("t0.2-l0.5", "0.2", "0.5"),
+            ("t0.2-l0.25", "0.2", "0.25"),
         ]
     }
     | {
@@ -103,7 +104,12 @@ VARIANTS.update(
 VARIANTS.update(
     {
         f"{name}-pa": (f"{VARIANTS[name][0]}, projection logit", [*VARIANTS[name][1], "--proj-adv"])
-        for name in ("contra-proxy-t0.2", "reacgan-t0.1")
+        for name in (
+            "contra-proxy-t0.2",
+            "contra-proxy-t0.2-l0.5",
+            "contra-proxy-t0.2-l0.25",
+            "reacgan-t0.1",
+        )
     }
 )
 
