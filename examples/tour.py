@@ -345,8 +345,8 @@ def graphcl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
 GAN_VARIANTS: dict[str, tuple[str, list[str]]] = {
     "contragan": ("ContraGAN (2C, τ 1): the paper", []),
     "contragan_proxy": (
-        "ContraGAN, proxy-only positives, τ 0.2",
-        ["--class-positives", "proxy", "--tau", "0.2"],
+        "ContraGAN, proxy-only positives, τ 0.2, λ 0.25, projection logit",
+        ["--class-positives", "proxy", "--tau", "0.2", "--lambda-2c", "0.25", "--proj-adv"],
     ),
 }
 GAN_FIGURES = (
