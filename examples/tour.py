@@ -341,7 +341,8 @@ def graphcl_section(out: RunDir, seed: int) -> tuple[dict[str, object], str]:
 
 
 # The tour's two conditional GANs, both `contragan train --quick` on digits: the paper's ContraGAN
-# and the class-consistent option (the proxy as the 2C loss's only positive, τ 0.2).
+# and the class-consistent option (the proxy as the 2C loss's only positive, τ 0.2, the class
+# term at weight 0.25, and ProjGAN's class projection added to D's adversarial logit).
 GAN_VARIANTS: dict[str, tuple[str, list[str]]] = {
     "contragan": ("ContraGAN (2C, τ 1): the paper", []),
     "contragan_proxy": (
@@ -417,8 +418,9 @@ def contragan_section(
         "`contragan_samples.png` shows one row per class from each EMA generator. The paper's "
         "2C loss counts every same-class sample as a positive, and at τ 1 its pull on G is "
         "small: the generator draws digits but not the class it is asked for (the published "
-        "method does this too). With the class proxy as the only positive and τ 0.2 the rows "
-        "hold their class.\n\n"
+        "method does this too). With the class proxy as the only positive, τ 0.2, and the "
+        "class also in D's real/fake logit (`--proj-adv`, ProjGAN's projection) the rows hold "
+        "their class.\n\n"
         + "\n".join(runs)
         + "\n\n`contragan evaluate --quick` (one generated set; the feature space of a "
         "classifier trained on the real digits, test accuracy "
