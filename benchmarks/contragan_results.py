@@ -73,6 +73,9 @@ VARIANTS.update(
             ("l0.25", "0.1", "0.25"),
             ("t0.2-l0.5", "0.2", "0.5"),
             ("t0.2-l0.25", "0.2", "0.25"),
+            ("t0.3-l0.25", "0.3", "0.25"),
+            ("t0.5-l0.25", "0.5", "0.25"),
+            ("t0.2-l0.1", "0.2", "0.1"),
         ]
     }
     | {
@@ -108,6 +111,9 @@ VARIANTS.update(
             "contra-proxy-t0.2",
             "contra-proxy-t0.2-l0.5",
             "contra-proxy-t0.2-l0.25",
+            "contra-proxy-t0.3-l0.25",
+            "contra-proxy-t0.5-l0.25",
+            "contra-proxy-t0.2-l0.1",
             "reacgan-t0.1",
         )
     }
@@ -120,6 +126,49 @@ def _mean_std(values: list[float]) -> str:
         return "nan"
     std = statistics.stdev(finite) if len(finite) > 1 else 0.0
     return f"{statistics.fmean(finite):.4g} ± {std:.2g}"
+
+
+def paired(
+    ours: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]], key: str, better: str
+) -> tuple[float, float, int, int]:
+    """Seed-by-seed comparison of two variants over the seeds both have run.
+
+    Returns the mean of the per-seed differences ``ours - base``, its standard error (0 with one
+    seed), the number of shared seeds, and the number of those where ours is at least as good
+    (``better``: ``"higher"`` or ``"lower"``). Two runs of one seed are evaluated with the same
+    draws (CAS classifier, KID subsets); the standard error of the paired differences says
+    whether a difference of means is larger than the seeds' own spread.
+    """
+    if better not in ("higher", "lower"):
+        raise ValueError(f"better must be 'higher' or 'lower', got {better!r}")
+    shared = sorted(set(ours) & set(base))
+    if not shared:
+        raise ValueError("the two variants have no seed in common")
+    diffs = [float(ours[seed][key]) - float(base[seed][key]) for seed in shared]
+    error = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    wins = sum(d >= 0 if better == "higher" else d <= 0 for d in diffs)
+    return statistics.fmean(diffs), error, len(diffs), wins
+
+
+def _paired_lines(data: str, results: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """The table of every variant against ProjGAN, seed by seed (empty without ProjGAN)."""
+    base = results.get("proj", {})
+    others = [v for v, runs in results.items() if v != "proj" and set(runs) & set(base)]
+    if not others:
+        return []
+    lines = [
+        f"\n### {data}: against ProjGAN, seed by seed (mean of the differences ± its standard "
+        "error; seeds at least as good / seeds shared)\n",
+        "| figure | better | " + " | ".join(others) + " |",
+        "|---|---|" + "---|" * len(others),
+    ]
+    for key in ("gan_test_acc", "cas_acc", "fd", "recall"):
+        cells = []
+        for variant in others:
+            mean, error, n, wins = paired(results[variant], base, key, FIGURES[key])
+            cells.append(f"{mean:+.4f} ± {error:.4f} ({wins}/{n})")
+        lines.append(f"| {key} | {FIGURES[key]} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any) -> float:
@@ -219,7 +268,7 @@ def _curve(data: str, args: Any, lines: list[str]) -> None:
 
 
 def _table(data: str, args: Any, lines: list[str]) -> None:
-    results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in args.variants}
+    by_seed: dict[str, dict[int, dict[str, Any]]] = {variant: {} for variant in args.variants}
     seconds: dict[str, list[float]] = {variant: [] for variant in args.variants}
     grids = args.root / "grids"
     grids.mkdir(parents=True, exist_ok=True)
@@ -233,13 +282,14 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
                 seconds[variant].append(took)
                 shutil.rmtree(out / "evaluation", ignore_errors=True)  # a shorter run's figures
             figures = _evaluate(out / "checkpoints" / "last.pt", out / "evaluation", seed, args)
-            results[variant].append(figures)
+            by_seed[variant][seed] = figures
             shutil.copy(out / "plots" / "samples.png", grids / f"{data}-{variant}-s{seed}.png")
             print(
                 f"{data} {variant} seed {seed}: GAN-test {figures['gan_test_acc']:.3f}, "
                 f"CAS {figures['cas_acc']:.3f}, FD {figures['fd']:.4g}",
                 flush=True,
             )
+    results = {variant: list(runs.values()) for variant, runs in by_seed.items()}
     first = max(results.values(), key=len)
     if not first:
         lines.append(f"\n### {data}: no finished run\n")
@@ -271,6 +321,7 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
     ]
     if times:
         lines.append(f"\ntraining time per run (this invocation): {', '.join(times)}")
+    lines += _paired_lines(data, by_seed)
 
 
 def main(argv: list[str] | None = None) -> None:

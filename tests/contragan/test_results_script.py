@@ -1,0 +1,80 @@
+"""The seed-by-seed comparison of ``benchmarks/contragan_results.py`` (the table that says
+whether a gap between two variants is larger than the seeds' spread)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    path = ROOT / "benchmarks" / "contragan_results.py"
+    spec = importlib.util.spec_from_file_location("contragan_results", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["contragan_results"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _runs(**by_seed: float) -> dict[int, dict[str, Any]]:
+    return {int(seed[1:]): {"cas_acc": v, "fd": v} for seed, v in by_seed.items()}
+
+
+def test_paired_uses_the_shared_seeds_only(script: ModuleType) -> None:
+    ours = _runs(s0=0.90, s1=0.80, s2=1.00)  # seed 2 has no partner
+    base = _runs(s0=0.85, s1=0.85, s3=0.10)
+    mean, error, n, wins = script.paired(ours, base, "cas_acc", "higher")
+    # differences +0.05 and -0.05: mean 0, std 0.05·√2, standard error 0.05
+    assert n == 2 and wins == 1
+    assert mean == pytest.approx(0.0, abs=1e-12)
+    assert error == pytest.approx(0.05)
+
+
+def test_paired_counts_wins_in_the_figure_s_direction(script: ModuleType) -> None:
+    ours = _runs(s0=1.0, s1=2.0, s2=3.0)
+    base = _runs(s0=2.0, s1=2.0, s2=2.0)  # ours is lower, equal, higher
+    assert script.paired(ours, base, "fd", "lower")[3] == 2  # lower and equal
+    assert script.paired(ours, base, "cas_acc", "higher")[3] == 2  # equal and higher
+    mean, error, n, _ = script.paired(ours, base, "fd", "lower")
+    assert (mean, n) == (0.0, 3) and error == pytest.approx(1 / math.sqrt(3))
+
+
+def test_paired_with_one_seed_has_no_error_bar(script: ModuleType) -> None:
+    assert script.paired(_runs(s4=0.7), _runs(s4=0.5), "cas_acc", "higher")[:3] == (
+        pytest.approx(0.2),
+        0.0,
+        1,
+    )
+
+
+def test_paired_refuses_what_it_cannot_compare(script: ModuleType) -> None:
+    with pytest.raises(ValueError, match="no seed in common"):
+        script.paired(_runs(s0=1.0), _runs(s1=1.0), "cas_acc", "higher")
+    with pytest.raises(ValueError, match="'higher' or 'lower'"):
+        script.paired(_runs(s0=1.0), _runs(s0=1.0), "cas_acc", "up")
+
+
+def test_the_paired_table_needs_proj_and_names_every_partner(script: ModuleType) -> None:
+    figures = {"gan_test_acc": 0.9, "cas_acc": 0.9, "fd": 1.0, "recall": 0.8}
+    assert script._paired_lines("digits", {"contra": {0: figures}}) == []
+    lines = script._paired_lines(
+        "digits",
+        {
+            "contra": {0: figures, 1: figures},
+            "ac": {7: figures},  # no seed shared with ProjGAN: left out
+            "proj": {0: {**figures, "cas_acc": 0.95}, 1: figures},
+        },
+    )
+    assert "| figure | better | contra |" in lines
+    cas = next(line for line in lines if line.startswith("| cas_acc |"))
+    assert "-0.0250 ± 0.0250 (1/2)" in cas
