@@ -118,6 +118,16 @@ VARIANTS.update(
         )
     }
 )
+# λ 0.25 with the projection logit, G's class term weighed less than D's (--g-lambda-2c)
+VARIANTS.update(
+    {
+        f"contra-proxy-t0.2-l0.25-g{g}-pa": (
+            f"ContraGAN: 2C with proxy-only positives, τ 0.2, λ 0.25 (G: {g}), projection logit",
+            [*VARIANTS["contra-proxy-t0.2-l0.25-pa"][1], "--g-lambda-2c", g],
+        )
+        for g in ("0", "0.1")
+    }
+)
 
 
 def _mean_std(values: list[float]) -> str:

@@ -56,6 +56,9 @@ class Config:
     lambda_2c: float | None = None
     """contra, reacgan: weight λ of the class loss (2C, D2D-CE), >= 0; none: the method's
     reference value, contra 1, reacgan 0.5"""
+    g_lambda_2c: float | None = None
+    """contra, reacgan: weight of the class loss in G's loss alone, >= 0 (D keeps λ); none: λ,
+    as in ContraGAN and ReACGAN"""
     tau: float | None = None
     """contra, reacgan: temperature τ of the class loss, > 0; none: the method's reference
     value, contra 1, reacgan 0.5"""
@@ -121,7 +124,7 @@ class Config:
         for name in ("g_lr", "d_lr", "tau"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("lambda_2c", "ac_weight", "ema_start", "num_workers", "seed"):
+        for name in ("lambda_2c", "g_lambda_2c", "ac_weight", "ema_start", "num_workers", "seed"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and 0 <= self.ema_decay < 1):
@@ -152,6 +155,11 @@ class Config:
             raise ValueError(
                 f"adc applies to losses contra and reacgan only, got loss {self.loss!r}: drop --adc"
             )
+        if self.g_lambda_2c is not None and self.loss not in CONTRASTIVE_LOSSES:
+            raise ValueError(
+                f"g_lambda_2c applies to losses contra and reacgan only, got loss {self.loss!r}: "
+                "drop --g-lambda-2c"
+            )
         if self.proj_adv and self.loss not in CONTRASTIVE_LOSSES:
             raise ValueError(
                 f"proj_adv applies to losses contra and reacgan only, got loss {self.loss!r}: "
@@ -177,6 +185,7 @@ class Config:
             margin_pos=self.margin_pos,
             ac_fakes=self.ac_fakes,
             adc=self.adc,
+            g_lambda_2c=self.g_lambda_2c,
         )
 
 
@@ -187,6 +196,7 @@ _ADDED_LATER: dict[str, Any] = {
     "ac_fakes": True,
     "adc": False,
     "proj_adv": False,
+    "g_lambda_2c": None,
 }
 
 

@@ -147,8 +147,9 @@ class LossSettings:
     every rank's samples (under DDP); ``class_positives``: the 2C numerator, ``"all"`` or
     ``"proxy"`` (contra); ``margin_pos``: D2D-CE's positive margin m_p, the negative one being
     1 − m_p (reacgan); ``ac_fakes``: D's classifier also learns from fakes (ac); ``adc``:
-    the contrastive term also on fakes against their fake proxies (contra, reacgan). Built
-    with unset values by :meth:`resolve`.
+    the contrastive term also on fakes against their fake proxies (contra, reacgan);
+    ``g_lambda_2c``: the class term's weight in G's loss alone, ``None`` for ``lambda_2c``
+    (contra, reacgan: D keeps ``lambda_2c``). Built with unset values by :meth:`resolve`.
     """
 
     adv: AdvLoss = "hinge"
@@ -160,11 +161,16 @@ class LossSettings:
     margin_pos: float = 0.98
     ac_fakes: bool = True
     adc: bool = False
+    g_lambda_2c: float | None = None
 
     def __post_init__(self) -> None:
         if self.adv not in ADV_LOSSES:
             raise ValueError(f"adv must be one of {tuple(ADV_LOSSES)}, got {self.adv!r}")
-        for name, value in (("lambda_2c", self.lambda_2c), ("ac_weight", self.ac_weight)):
+        for name, value in (
+            ("lambda_2c", self.lambda_2c),
+            ("g_lambda_2c", self.g_weight),
+            ("ac_weight", self.ac_weight),
+        ):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         if not (math.isfinite(self.tau) and self.tau > 0):
@@ -175,6 +181,11 @@ class LossSettings:
             )
         if not 0.0 <= self.margin_pos <= 1.0:  # also refuses NaN
             raise ValueError(f"margin_pos must lie in [0, 1], got {self.margin_pos}")
+
+    @property
+    def g_weight(self) -> float:
+        """The class term's weight in G's loss: ``g_lambda_2c``, or ``lambda_2c`` when unset."""
+        return self.lambda_2c if self.g_lambda_2c is None else self.g_lambda_2c
 
     @classmethod
     def resolve(
@@ -190,6 +201,7 @@ class LossSettings:
         margin_pos: float | None = None,
         ac_fakes: bool = True,
         adc: bool = False,
+        g_lambda_2c: float | None = None,
     ) -> LossSettings:
         """The settings of method ``loss``, unset λ, τ and m_p taking its reference values
         (:data:`REFERENCE_SETTINGS`; 1, 1 and 0.98 for methods without a contrastive term,
@@ -209,6 +221,7 @@ class LossSettings:
             margin_pos=pick(margin_pos, "margin_pos", 0.98),
             ac_fakes=ac_fakes,
             adc=adc,
+            g_lambda_2c=g_lambda_2c,
         )
 
 
@@ -290,7 +303,7 @@ def _contrastive_g_loss(
     if settings.adc:
         parts["g_adc"] = -term(fake.embedding, _fake_proxy(fake), y_fake, settings)
         g_class = g_class + parts["g_adc"]
-    return {"loss": g_adv + settings.lambda_2c * g_class, **parts}
+    return {"loss": g_adv + settings.g_weight * g_class, **parts}
 
 
 def contra_d_loss(
@@ -312,9 +325,10 @@ def contra_d_loss(
 
 
 def contra_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> dict[str, Tensor]:
-    """ContraGAN's G loss: ``g_adv + λ · 2C(fake.embedding, fake.proxy, y_fake; τ)``.
+    """ContraGAN's G loss: ``g_adv + λ_G · 2C(fake.embedding, fake.proxy, y_fake; τ)``.
 
-    With ``settings.adc`` it adds ``−λ · 2C(fake.embedding, fake.fake_proxy, y_fake; τ)``.
+    λ_G is ``settings.g_weight`` (D's λ unless ``g_lambda_2c`` sets G's own). With
+    ``settings.adc`` it adds ``−λ_G · 2C(fake.embedding, fake.fake_proxy, y_fake; τ)``.
     Returns ``{"loss": total, "g_adv": ..., "g_2c": ...}`` (and ``"g_adc"``).
 
     Shape:
@@ -340,9 +354,10 @@ def reacgan_d_loss(
 
 
 def reacgan_g_loss(fake: DiscOutput, y_fake: Tensor, settings: LossSettings) -> dict[str, Tensor]:
-    """ReACGAN's G loss: ``g_adv + λ · D2D-CE(fake.embedding, fake.proxy, y_fake; τ, m_p)``.
+    """ReACGAN's G loss: ``g_adv + λ_G · D2D-CE(fake.embedding, fake.proxy, y_fake; τ, m_p)``.
 
-    With ``settings.adc`` it adds ``−λ · D2D-CE(fake.embedding, fake.fake_proxy, y_fake)``.
+    λ_G is ``settings.g_weight`` (D's λ unless ``g_lambda_2c`` sets G's own). With
+    ``settings.adc`` it adds ``−λ_G · D2D-CE(fake.embedding, fake.fake_proxy, y_fake)``.
     Returns ``{"loss": total, "g_adv": ..., "g_d2dce": ...}`` (and ``"g_adc"``).
 
     Shape:

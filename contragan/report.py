@@ -125,6 +125,8 @@ def class_term(cfg: Config) -> str:
     positives: all)``."""
     settings = cfg.loss_settings
     weights = f"λ {settings.lambda_2c:g}, τ {settings.tau:g}"
+    if settings.g_lambda_2c is not None:
+        weights = f"λ {settings.lambda_2c:g} (G: {settings.g_lambda_2c:g}), τ {settings.tau:g}"
     adc = ", ADC: fakes against a fake proxy per class" if settings.adc else ""
     if cfg.proj_adv:
         adc += "; adversarial logit with ProjGAN's ⟨v(y), h⟩"

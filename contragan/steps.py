@@ -130,8 +130,11 @@ def generator_loss(
     class_positives: ClassPositives = "all",
     margin_pos: float | None = None,
     adc: bool = False,
+    g_lambda_2c: float | None = None,
 ) -> dict[str, Tensor]:
     """G's loss of method ``loss`` on D's output for its fakes: adversarial plus the class term.
+
+    The class term weighs ``g_lambda_2c`` when given, else λ (``lambda_2c``) as in D's loss.
 
     Returns ``{"loss": total, "g_adv": ..., and "g_2c", "g_d2dce" or "g_ac"}``.
 
@@ -149,6 +152,7 @@ def generator_loss(
         class_positives=class_positives,
         margin_pos=margin_pos,
         adc=adc,
+        g_lambda_2c=g_lambda_2c,
     )
     return fns.generator(fake, y_fake, settings)
 

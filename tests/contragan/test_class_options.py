@@ -45,6 +45,14 @@ VARIANTS: dict[str, tuple[list[str], str, str]] = {
         "d_2c",
         "2C (λ 1, τ 0.2, positives: proxy; adversarial logit with ProjGAN's ⟨v(y), h⟩)",
     ),
+    "contra-proxy-pa-g0": (
+        [
+            *["--loss", "contra", "--class-positives", "proxy", "--tau", "0.2"],
+            *["--lambda-2c", "0.25", "--g-lambda-2c", "0", "--proj-adv"],
+        ],
+        "g_2c",
+        "2C (λ 0.25 (G: 0), τ 0.2, positives: proxy; adversarial logit with ProjGAN's ⟨v(y), h⟩)",
+    ),
     "ac-real-only": (
         ["--loss", "ac", "--no-ac-fakes"],
         "d_ac",
@@ -112,7 +120,8 @@ def test_a_resume_compares_the_settings_in_use(
     _train(run, "--max-steps", "2", *STEPS[2:])
     stored = load_checkpoint(run / "checkpoints" / "last.pt")["config"]["pipeline"]
     assert (stored["lambda_2c"], stored["tau"]) == (1.0, 1.0)
-    assert not {"class_positives", "margin_pos", "ac_fakes", "adc", "proj_adv"} & set(stored)
+    later = {"class_positives", "margin_pos", "ac_fakes", "adc", "proj_adv", "g_lambda_2c"}
+    assert not later & set(stored)
     assert _train(run, "--max-steps", "3", "--lambda-2c", "1", "--tau", "1", "--resume")["steps"]
     changed = ["train", *TINY, "--out", str(run), "--max-steps", "4", "--resume"]
     capsys.readouterr()  # the progress bars so far
@@ -121,6 +130,8 @@ def test_a_resume_compares_the_settings_in_use(
     assert err.count("\n") == 1 and "class_positives: '<absent>' -> 'proxy'" in err
     assert cli_main([*changed, "--tau", "0.5"]) == 2
     assert "tau: 1.0 -> 0.5" in capsys.readouterr().err
+    assert cli_main([*changed, "--g-lambda-2c", "0"]) == 2
+    assert "g_lambda_2c: '<absent>' -> 0.0" in capsys.readouterr().err
     # the refused resumes left config.json describing the weights in the folder
     saved = json.loads((run / "config.json").read_text(encoding="utf-8"))
     assert (saved["tau"], saved["class_positives"]) == (1.0, "all")
@@ -138,6 +149,8 @@ def test_resume_config_resolves_what_the_losses_use() -> None:
     proxy = resume_config(Config(loss="contra", class_positives="proxy"))
     assert proxy["class_positives"] == "proxy" and "margin_pos" not in proxy
     assert resume_config(Config(loss="ac", ac_fakes=False))["ac_fakes"] is False
+    assert "g_lambda_2c" not in resume_config(Config(loss="contra"))
+    assert resume_config(Config(loss="contra", g_lambda_2c=0.0))["g_lambda_2c"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -151,6 +164,9 @@ def test_resume_config_resolves_what_the_losses_use() -> None:
         (["--loss", "proj", "--adc"], "adc applies to losses contra and reacgan only"),
         (["--loss", "proj", "--proj-adv"], "proj_adv applies to losses contra and reacgan only"),
         (["--loss", "ac", "--proj-adv"], "proj_adv applies to losses contra and reacgan only"),
+        (["--loss", "proj", "--g-lambda-2c", "0"], "g_lambda_2c applies to losses contra and"),
+        (["--loss", "ac", "--g-lambda-2c", "0.1"], "g_lambda_2c applies to losses contra and"),
+        (["--g-lambda-2c", "-1"], "g_lambda_2c must be >= 0, got -1"),
         (["--loss", "reacgan", "--margin-pos", "1.5"], "margin_pos must lie in [0, 1], got 1.5"),
         (["--loss", "reacgan", "--lambda-2c", "nan"], "lambda_2c must be a finite number >= 0"),
         (["--loss", "reacgan", "--tau", "0"], "tau must be > 0"),

@@ -165,6 +165,43 @@ def test_2c_wiring_in_the_generator_loss(lambda_2c: float, tau: float) -> None:
     torch.testing.assert_close(parts["loss"], parts["g_adv"] + lambda_2c * parts["g_2c"])
 
 
+@pytest.mark.parametrize("loss", ["contra", "reacgan"])
+@pytest.mark.parametrize("adc", [False, True])
+def test_g_lambda_2c_weighs_gs_class_term_alone(loss: str, adc: bool) -> None:
+    """G's total is g_adv + λ_G·(its class terms); D's loss still weighs λ; unset, λ_G = λ."""
+    real, fake = _outputs(6, 4, 3, seed=30), _outputs(6, 4, 3, seed=31)
+    fake = fake._replace(fake_proxy=torch.randn(6, 4, dtype=torch.float64))
+    y_real, y_fake = torch.tensor([0, 1, 0, 2, 1, 2]), torch.tensor([2, 2, 1, 0, 1, 0])
+    common: dict[str, Any] = {"loss": loss, "lambda_2c": 0.25, "tau": 0.2, "adc": adc}
+    same = generator_loss(fake, y_fake, **common)
+    for g_weight in (0.0, 0.1, 2.0):
+        g = generator_loss(fake, y_fake, g_lambda_2c=g_weight, **common)
+        class_parts = [v for k, v in g.items() if k not in ("loss", "g_adv")]
+        assert len(class_parts) == (2 if adc else 1)
+        torch.testing.assert_close(g["loss"], g["g_adv"] + g_weight * sum(class_parts))
+        for key in g:  # the parts themselves do not depend on the weight
+            if key != "loss":
+                torch.testing.assert_close(g[key], same[key])
+    class_parts = [v for k, v in same.items() if k not in ("loss", "g_adv")]
+    torch.testing.assert_close(same["loss"], same["g_adv"] + 0.25 * sum(class_parts))
+    d = discriminator_loss(real, fake, y_real, y_fake, **common)
+    assert float(d["loss"] - d["d_adv"]) == pytest.approx(
+        0.25 * float(sum(v for k, v in d.items() if k not in ("loss", "d_adv"))), rel=1e-12
+    )
+    # at λ_G = 0 no gradient reaches G's embedding through the class term
+    embedding = fake.embedding.clone().requires_grad_(True)
+    zero = generator_loss(fake._replace(embedding=embedding), y_fake, g_lambda_2c=0.0, **common)
+    zero["loss"].backward()
+    assert embedding.grad is not None and not embedding.grad.any()
+
+
+@pytest.mark.parametrize("value", [-0.1, math.nan, math.inf])
+def test_a_bad_g_lambda_2c_is_refused(value: float) -> None:
+    out, y = _outputs(2, 3, 2, seed=10), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="g_lambda_2c must be a finite number >= 0"):
+        generator_loss(out, y, loss="contra", g_lambda_2c=value)
+
+
 def test_discriminator_2c_reads_real_images_only() -> None:
     real, y = _outputs(4, 3, 2, seed=3), torch.tensor([0, 1, 1, 0])
     fake_a, fake_b = _outputs(4, 3, 2, seed=4), _outputs(4, 3, 2, seed=5)
