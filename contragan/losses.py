@@ -33,8 +33,8 @@ The class terms, on the same networks (:mod:`contragan.networks`):
   its ADC classifier): ``ac_fakes=False``.
 
 λ and τ left unset (``None``) take the method's reference value, resolved in one place:
-:meth:`LossSettings.resolve` (:data:`REFERENCE_SETTINGS`). Every adversarial loss is a mean
-over the batch and computed in fp32 whatever the autocast dtype (fp64 stays fp64). Each method
+:meth:`LossSettings.resolve` (:data:`REFERENCE_SETTINGS`). The adversarial losses live in
+:mod:`contragan.adversarial` (re-exported here). Each method
 has a D loss and a G loss of one signature (``contra_d_loss``, ``contra_g_loss``, ...);
 :data:`contragan.steps.GAN_LOSSES` picks them by name.
 """
@@ -46,10 +46,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from contragan.adversarial import (
+    ADV_LOSSES,
+    AdvLoss,
+    d_hinge,
+    d_nonsaturating,
+    g_hinge,
+    g_nonsaturating,
+    upcast,
+)
 from contragan.networks import DiscOutput
 from shared.losses import conditional_contrastive_loss, data_to_data_cross_entropy_loss
 
@@ -73,60 +81,8 @@ __all__ = [
     "reacgan_g_loss",
 ]
 
-AdvLoss = Literal["hinge", "nonsaturating"]
 ClassPositives = Literal["all", "proxy"]
 CLASS_POSITIVES = ("all", "proxy")
-
-
-def _upcast(x: Tensor) -> Tensor:
-    return x if x.dtype == torch.float64 else x.float()
-
-
-def d_hinge(real_adv: Tensor, fake_adv: Tensor) -> Tensor:
-    """Discriminator hinge loss, ``mean(relu(1 − D(x))) + mean(relu(1 + D(G(z))))``.
-
-    Lim & Ye 2017; Miyato et al. 2018, Eq. 16; the loss of BigGAN and StudioGAN's ContraGAN.
-
-    Shape:
-        real_adv: ``(N,)``; fake_adv: ``(M,)``; result: scalar
-    """
-    return F.relu(1 - _upcast(real_adv)).mean() + F.relu(1 + _upcast(fake_adv)).mean()
-
-
-def g_hinge(fake_adv: Tensor) -> Tensor:
-    """Generator hinge loss, ``−mean(D(G(z)))``.
-
-    Shape:
-        fake_adv: ``(M,)``; result: scalar
-    """
-    return -_upcast(fake_adv).mean()
-
-
-def d_nonsaturating(real_adv: Tensor, fake_adv: Tensor) -> Tensor:
-    """Discriminator loss of the original GAN: binary cross-entropy with logits,
-    ``mean(softplus(−D(x))) + mean(softplus(D(G(z))))`` (Goodfellow et al. 2014, Eq. 1).
-
-    Shape:
-        real_adv: ``(N,)``; fake_adv: ``(M,)``; result: scalar
-    """
-    return F.softplus(-_upcast(real_adv)).mean() + F.softplus(_upcast(fake_adv)).mean()
-
-
-def g_nonsaturating(fake_adv: Tensor) -> Tensor:
-    """Non-saturating generator loss, ``mean(softplus(−D(G(z))))`` = −mean log σ(D(G(z)))
-    (Goodfellow et al. 2014, Sec. 3).
-
-    Shape:
-        fake_adv: ``(M,)``; result: scalar
-    """
-    return F.softplus(-_upcast(fake_adv)).mean()
-
-
-# (discriminator loss, generator loss) by name: the one string table, for configs and the CLI
-ADV_LOSSES: dict[str, tuple[Callable[[Tensor, Tensor], Tensor], Callable[[Tensor], Tensor]]] = {
-    "hinge": (d_hinge, g_hinge),
-    "nonsaturating": (d_nonsaturating, g_nonsaturating),
-}
 
 
 # what λ, τ and m_p left unset become, per method: ContraGAN's value in every StudioGAN config,
@@ -231,7 +187,7 @@ def _class_logits(out: DiscOutput, which: str) -> Tensor:
             f"loss='ac' needs class_logits on the {which} DiscOutput; build the discriminator "
             "with GanArch(loss='ac')"
         )
-    return _upcast(out.class_logits)
+    return upcast(out.class_logits)
 
 
 def _d_adv(real: DiscOutput, fake: DiscOutput, settings: LossSettings) -> Tensor:
