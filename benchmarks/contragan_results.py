@@ -4,8 +4,9 @@ Trains ``contragan train`` for every variant of :data:`VARIANTS` (faithful Contr
 with proxy-only positives, ReACGAN's D2D-CE at its CIFAR-10 τ and at τ 0.1, ProjGAN, ACGAN) on
 each data set (the small digits networks, ``--steps`` G steps of batch 64 with ``--n-dis`` D
 steps each, ``--image-size`` pixels) for every seed, evaluates each run's EMA generator with
-``contragan evaluate`` (one generated set per run) and prints every figure as mean ± std over
-the training seeds next to real-vs-real (train images against the test split, over the same seeds).
+``contragan evaluate`` (``--eval-seeds`` generated sets per run, each with its own CAS
+classifier) and prints every figure as mean ± std over the training seeds next to real-vs-real
+(train images against the test split, over the same seeds).
 
 ``--curve`` first trains the table's ProjGAN seed-0 run in segments, resuming it, and evaluates
 it after each, so the table shows where its GAN-test levels off: the budget of the comparison
@@ -181,13 +182,18 @@ def _paired_lines(data: str, results: dict[str, dict[int, dict[str, Any]]]) -> l
     return lines
 
 
+def _finished(out: Path, steps: int) -> bool:
+    """Whether the run in ``out`` has trained ``steps`` G steps (its summary says so)."""
+    if not (out / "summary.json").is_file():
+        return False
+    return bool(json.loads((out / "summary.json").read_text()).get("steps") == steps)
+
+
 def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any) -> float:
     """Train (or continue, up to ``steps``) one run; return the seconds it took (0: done)."""
     last = out / "checkpoints" / "last.pt"
-    if (out / "summary.json").is_file():
-        done = json.loads((out / "summary.json").read_text()).get("steps")
-        if done == steps:
-            return 0.0
+    if _finished(out, steps):
+        return 0.0
     if out.exists() and not last.is_file():
         shutil.rmtree(out)  # a run cut short before its first checkpoint
     start = time.perf_counter()
@@ -222,6 +228,11 @@ def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any)
     return time.perf_counter() - start
 
 
+def _evaluation_folder(args: Any) -> str:
+    """``evaluation`` for one generated set, ``evaluation-x<N>`` for ``--eval-seeds N``."""
+    return "evaluation" if args.eval_seeds == 1 else f"evaluation-x{args.eval_seeds}"
+
+
 def _evaluate(checkpoint: Path, out: Path, seed: int, args: Any) -> dict[str, Any]:
     """``contragan evaluate`` into ``out``, or its summary when it has run already."""
     if (out / "summary.json").is_file():
@@ -234,7 +245,7 @@ def _evaluate(checkpoint: Path, out: Path, seed: int, args: Any) -> dict[str, An
             "--checkpoint",
             str(checkpoint),
             "--seeds",
-            "1",
+            str(args.eval_seeds),
             "--seed",
             str(seed),
             "--cas-epochs",
@@ -264,7 +275,10 @@ def _curve(data: str, args: Any, lines: list[str]) -> None:
     for steps in args.curve:
         if steps > args.steps:
             raise SystemExit(f"--curve: {steps} G steps is beyond --steps {args.steps}")
-        folder = out / ("evaluation" if steps == args.steps else f"eval-{steps}")
+        suffix = "" if args.eval_seeds == 1 else f"-x{args.eval_seeds}"
+        folder = out / (
+            _evaluation_folder(args) if steps == args.steps else f"eval-{steps}{suffix}"
+        )
         if not (folder / "summary.json").is_file():  # evaluated already: the run has moved on
             if args.report_only:
                 continue
@@ -285,13 +299,15 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
     for seed in args.only_seeds or range(args.seeds):
         for variant in args.variants:
             out = args.root / f"{data}-{variant}-s{seed}"
-            if args.report_only and not (out / "evaluation" / "summary.json").is_file():
+            folder = out / _evaluation_folder(args)
+            if args.report_only and not _finished(out, args.steps):
                 continue
             took = _train(out, data, variant, seed, args.steps, args)
             if took:
                 seconds[variant].append(took)
-                shutil.rmtree(out / "evaluation", ignore_errors=True)  # a shorter run's figures
-            figures = _evaluate(out / "checkpoints" / "last.pt", out / "evaluation", seed, args)
+                for old in out.glob("evaluation*"):  # a shorter run's figures
+                    shutil.rmtree(old, ignore_errors=True)
+            figures = _evaluate(out / "checkpoints" / "last.pt", folder, seed, args)
             by_seed[variant][seed] = figures
             shutil.copy(out / "plots" / "samples.png", grids / f"{data}-{variant}-s{seed}.png")
             print(
@@ -311,7 +327,8 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
         f"\n### {data}: {args.steps} G steps × {args.n_dis} D steps, batch 64, "
         f"{args.image_size}×{args.image_size}, {seeds} seeds "
         "(mean ± std over training "
-        f"seeds); extractor test accuracy {100 * first[0]['extractor_test_accuracy']:.1f} %\n",
+        f"seeds, {args.eval_seeds} generated set{'' if args.eval_seeds == 1 else 's'} each); "
+        f"extractor test accuracy {100 * first[0]['extractor_test_accuracy']:.1f} %\n",
         "| figure | better | "
         + " | ".join(
             variant if count == seeds else f"{variant} ({count} seed{'' if count == 1 else 's'})"
@@ -350,6 +367,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--cas-epochs", type=int, default=12)
     parser.add_argument(
+        "--eval-seeds",
+        type=int,
+        default=3,
+        help="generated sets (each with its own CAS classifier) averaged per run, contragan "
+        "evaluate --seeds (its default, 3); the figures go to <run>/evaluation-x<N> (1: "
+        "<run>/evaluation, where earlier tables were read from), so finished runs can be "
+        "evaluated again with --report-only, without training",
+    )
+    parser.add_argument(
         "--curve",
         type=lambda text: [int(s) for s in text.split(",")],
         default=[],
@@ -366,8 +392,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="train nothing: tabulate the runs already evaluated (a cell names its number of "
-        "seeds when it has fewer than --seeds)",
+        help="train nothing: tabulate the finished runs, evaluating those not yet evaluated with "
+        "these --eval-seeds (a cell names its number of seeds when it has fewer than --seeds)",
     )
     parser.add_argument(
         "--device",

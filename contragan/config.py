@@ -288,8 +288,8 @@ class EvaluateConfig:
     min_extractor_accuracy: float = 0.95
     """refuse an extractor whose test accuracy is below this, in [0, 1]"""
     extractor_epochs: int | None = None
-    """training epochs of the feature extractor, >= 1; none: the data set's recipe (digits-m 60,
-    every other 12)"""
+    """training epochs of the feature extractor, >= 1; none: the data set's recipe (digits-m 15
+    over its training split and four copies on fresh backgrounds, every other 12)"""
     # group: method
     cas_epochs: int = 12  # epochs of the CAS classifier trained on generated images, >= 1
     # group: model

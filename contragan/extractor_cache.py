@@ -53,7 +53,7 @@ def _cache_key(data: ImageData, data_name: str, seed: int, epochs: int) -> str:
         digest.update(labels.to(torch.int64).contiguous().numpy().tobytes())
     recipe = recipe_for(data.name)
     identity = [data_name, data.image_size, data.channels, data.num_classes, seed, epochs]
-    identity += [recipe.width, recipe.label_smoothing]
+    identity += [recipe.width, recipe.label_smoothing, recipe.reblends]
     digest.update(json.dumps([*identity, EXTRACTOR_VERSION]).encode())
     return digest.hexdigest()
 
@@ -85,11 +85,13 @@ def load_or_train_extractor(
     device: torch.device | str = "cpu",
     min_accuracy: float = 0.95,
     epochs: int | None = None,
+    data_seed: int | None = None,
 ) -> CachedExtractor:
     """The extractor of ``data`` from ``cache_dir``, trained and cached there when absent.
 
-    ``epochs`` (default: the data set's recipe) overrides the recipe's epochs. ``data_name``
-    (default ``data.name``) names the cache files; an unreadable or inconsistent
+    ``epochs`` (default: the data set's recipe) overrides the recipe's epochs; ``data_seed``, the
+    seed ``data`` was loaded with, is needed by digits-m's recipe (:func:`train_extractor`).
+    ``data_name`` (default ``data.name``) names the cache files; an unreadable or inconsistent
     cache file is retrained with a warning, never fatal. The extractor is refused with a
     ``ValueError`` when its test accuracy is below ``min_accuracy`` (its weights stay cached, so
     a rerun with a lower threshold does not retrain).
@@ -115,7 +117,9 @@ def load_or_train_extractor(
             )
             from_cache = False
     if not from_cache:
-        model, accuracy = train_extractor(data, seed=seed, epochs=epochs, device=device)
+        model, accuracy = train_extractor(
+            data, seed=seed, epochs=epochs, device=device, data_seed=data_seed
+        )
         _save_cached(model, accuracy, weights, sidecar, key, data_name, seed, epochs)
     if accuracy < min_accuracy:
         accepting = math.floor(accuracy * 100) / 100  # a threshold this extractor passes

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         device=device,
         min_accuracy=cfg.min_extractor_accuracy,
         epochs=cfg.extractor_epochs,
+        data_seed=train_cfg.seed,
     )
     # after the extractor's refusal: a refused evaluation leaves no file that blocks the next
     report_skipped_images(data, out)  # skipped.csv and one line

@@ -22,11 +22,13 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 import contragan.distances as distances_module
 import contragan.extractor_cache as cache_module
 import contragan.metrics as metrics_module
+import imagecl.digits_m as digits_m_module
 from contragan.data import ImageData, images_and_labels, load_data, to_signed_unit
 from contragan.extractor import (
     ExtractorRecipe,
     FeatureExtractor,
     _random_shift,
+    fresh_backgrounds,
     new_classifier,
     recipe_for,
     train_extractor,
@@ -292,10 +294,12 @@ class TrainingSpy:
     def __init__(self, accuracy: float) -> None:
         self.accuracy, self.calls = accuracy, 0
         self.epochs: list[int] = []
+        self.data_seeds: list[int | None] = []
 
     def __call__(self, data: ImageData, **kwargs: Any) -> tuple[FeatureExtractor, float]:
         self.calls += 1
         self.epochs.append(kwargs["epochs"])
+        self.data_seeds.append(kwargs["data_seed"])
         return new_classifier(data, seed=kwargs["seed"]).eval(), self.accuracy
 
 
@@ -352,18 +356,58 @@ def test_weak_extractor_is_refused_with_a_clear_message(
 
 @pytest.mark.slow
 def test_extractor_reaches_97_percent_on_digits_m() -> None:
-    # digits-m's recipe (width 48, 60 epochs, label smoothing 0.1) at the benchmark's 16 px, on
-    # the split of seed 2, the hardest of seeds 0-2 (the default recipe: 95-96 % there)
-    data = load_data("digits-m", seed=2, image_size=16)
-    model, accuracy = train_extractor(data, seed=2)
+    # digits-m's recipe (width 48, label smoothing 0.1, its training digits on four more sets of
+    # backgrounds, 15 epochs) at the benchmark's 16 px, on the split of seed 3, the hardest of
+    # seeds 0-6 for the earlier recipe without the extra backgrounds (96.0 % there)
+    data = load_data("digits-m", seed=3, image_size=16)
+    model, accuracy = train_extractor(data, seed=3, data_seed=3)
     assert model.width == 48
     assert accuracy >= 0.97
+
+
+def test_fresh_backgrounds_carry_the_training_digits_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # over a black photograph a blend is the digit itself on all three channels, so every copy
+    # must be the training split's grayscale digits, in the training split's order (its labels)
+    black = (np.zeros((40, 40, 3), dtype=np.uint8),)
+    monkeypatch.setattr(digits_m_module, "background_photos", lambda: black)
+    data = load_data("digits-m", seed=1, image_size=8)
+    extra = fresh_backgrounds(data, 1, copies=2, seed=0)
+    digits = images_and_labels(load_data("digits", seed=1, image_size=8).train)[0]  # (N, 1, 8, 8)
+    assert extra.dtype == torch.uint8 and extra.shape == (2 * len(digits), 3, 8, 8)
+    assert torch.equal(extra, digits.expand(-1, 3, -1, -1).repeat(2, 1, 1, 1))
+
+
+def test_fresh_backgrounds_are_new_and_follow_the_seed() -> None:
+    data = load_data("digits-m", seed=0, image_size=8)
+    train = images_and_labels(data.train)[0]  # (N, 3, 8, 8)
+    copies = fresh_backgrounds(data, 0, copies=2, seed=0)
+    assert torch.equal(copies, fresh_backgrounds(data, 0, copies=2, seed=0))
+    assert not torch.equal(copies, fresh_backgrounds(data, 0, copies=2, seed=1))
+    first, second = copies.chunk(2)
+    for other in (train, second):  # nearly every image sits on another crop
+        assert (first != other).flatten(1).any(dim=1).float().mean() > 0.95
+
+
+def test_fresh_backgrounds_refuse_a_split_they_cannot_rebuild() -> None:
+    data = load_data("digits-m", seed=0, image_size=8)
+    with pytest.raises(ValueError, match="pass data_seed"):
+        fresh_backgrounds(data, None, copies=1)
+    with pytest.raises(ValueError, match="data_seed 1 does not rebuild"):
+        fresh_backgrounds(data, 1, copies=1)
+    with pytest.raises(ValueError, match="copies must be >= 1"):
+        fresh_backgrounds(data, 0, copies=0)
+    with pytest.raises(ValueError, match="digits-m's recipe, not 'digits'"):
+        fresh_backgrounds(load_data("digits", image_size=8), 0, copies=1)
+    with pytest.raises(ValueError, match="pass data_seed"):  # before any training
+        train_extractor(data, seed=0)
 
 
 def test_the_extractor_recipe_is_the_data_sets() -> None:
     assert recipe_for("digits") == ExtractorRecipe()  # width 32, 12 epochs, no smoothing
     assert recipe_for("digits-m").width > recipe_for("digits").width
-    assert recipe_for("digits-m").epochs > recipe_for("digits").epochs
+    assert recipe_for("digits-m").reblends > recipe_for("digits").reblends == 0
 
 
 def test_the_cache_trains_with_the_recipes_epochs_unless_told(
@@ -372,8 +416,9 @@ def test_the_cache_trains_with_the_recipes_epochs_unless_told(
     spy = TrainingSpy(accuracy=0.99)
     monkeypatch.setattr(cache_module, "train_extractor", spy)
     load_or_train_extractor(digits16, cache_dir=tmp_path)
-    load_or_train_extractor(digits16, cache_dir=tmp_path, epochs=3)
+    load_or_train_extractor(digits16, cache_dir=tmp_path, epochs=3, data_seed=5)
     assert spy.epochs == [recipe_for(digits16.name).epochs, 3]
+    assert spy.data_seeds == [None, 5]  # handed on to train_extractor
 
 
 @pytest.mark.slow

@@ -4,10 +4,11 @@ whether a gap between two variants is larger than the seeds' spread)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -78,3 +79,17 @@ def test_the_paired_table_needs_proj_and_names_every_partner(script: ModuleType)
     assert "| figure | better | contra |" in lines
     cas = next(line for line in lines if line.startswith("| cas_acc |"))
     assert "-0.0250 ± 0.0250 (1/2)" in cas
+
+
+def test_more_generated_sets_evaluate_into_their_own_folder(script: ModuleType) -> None:
+    # one set keeps the folder earlier tables were read from; more sets never overwrite it
+    assert script._evaluation_folder(SimpleNamespace(eval_seeds=1)) == "evaluation"
+    assert script._evaluation_folder(SimpleNamespace(eval_seeds=3)) == "evaluation-x3"
+
+
+def test_a_run_is_finished_only_at_the_table_s_budget(script: ModuleType, tmp_path: Path) -> None:
+    # --report-only evaluates finished runs only: a shorter or cut-short run is left alone
+    assert not script._finished(tmp_path, 12000)  # no summary yet
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 6000}))
+    assert not script._finished(tmp_path, 12000)
+    assert script._finished(tmp_path, 6000)
