@@ -14,6 +14,7 @@ from torch import Tensor
 
 from imagecl.data import (
     ImageData,
+    blend_digits,
     collate_uint8,
     images_and_labels,
     load_data,
@@ -25,6 +26,7 @@ __all__ = [
     "DIGITS_DATA",
     "GanData",
     "ImageData",
+    "blend_digits",
     "collate_uint8",
     "images_and_labels",
     "load_data",

@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from contragan.data import ImageData, images_and_labels, load_data, to_signed_unit
-from imagecl.digits_m import blend_digits
+from contragan.data import ImageData, blend_digits, images_and_labels, load_data, to_signed_unit
 from shared.runtime import eval_mode
 from shared.updaters import check_finite
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
+from imagecl.digits_m import blend_digits as blend_digits  # re-exported: re-blending digits-m
 from imagecl.sources import SOURCES, SourceImages, SourceRequest, load_source
 from shared.runs import RunDir
 from shared.skipped import report_skipped, skipped_line
