@@ -228,9 +228,9 @@ def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any)
     return time.perf_counter() - start
 
 
-def _evaluation_folder(args: Any) -> str:
-    """``evaluation`` for one generated set, ``evaluation-x<N>`` for ``--eval-seeds N``."""
-    return "evaluation" if args.eval_seeds == 1 else f"evaluation-x{args.eval_seeds}"
+def _evaluation_folder(args: Any, stem: str = "evaluation") -> str:
+    """``stem`` for one generated set, ``<stem>-x<N>`` for ``--eval-seeds N``."""
+    return stem if args.eval_seeds == 1 else f"{stem}-x{args.eval_seeds}"
 
 
 def _evaluate(checkpoint: Path, out: Path, seed: int, args: Any) -> dict[str, Any]:
@@ -275,9 +275,8 @@ def _curve(data: str, args: Any, lines: list[str]) -> None:
     for steps in args.curve:
         if steps > args.steps:
             raise SystemExit(f"--curve: {steps} G steps is beyond --steps {args.steps}")
-        suffix = "" if args.eval_seeds == 1 else f"-x{args.eval_seeds}"
-        folder = out / (
-            _evaluation_folder(args) if steps == args.steps else f"eval-{steps}{suffix}"
+        folder = out / _evaluation_folder(
+            args, "evaluation" if steps == args.steps else f"eval-{steps}"
         )
         if not (folder / "summary.json").is_file():  # evaluated already: the run has moved on
             if args.report_only:

@@ -5,10 +5,11 @@ The class terms, on the same networks (:mod:`contragan.networks`):
 - ``"contra"`` (ContraGAN, Kang & Park 2020, Eq. 8 and Alg. 1): the 2C loss of
   :func:`shared.losses.conditional_contrastive_loss` on the discriminator's embeddings and
   class proxies, on real images in D's loss and on fakes (with their conditioning labels) in
-  G's loss, weighted by λ (``lambda_2c``) at temperature τ; λ = 1 and τ = 1 in every reference
-  config. ``class_positives="all"`` is the paper's numerator (the proxy and every same-class
-  embedding); ``"proxy"`` keeps the proxy alone there (StudioGAN's former
-  ``pos_collected_numerator: false``), the same-class embeddings staying in the denominator.
+  G's loss, weighted by λ (``lambda_2c``; G's by ``g_lambda_2c`` when set) at temperature τ;
+  λ = 1 and τ = 1 in every reference config. ``class_positives="all"`` is the paper's numerator
+  (the proxy and every same-class embedding); ``"proxy"`` keeps the proxy alone there
+  (StudioGAN's former ``pos_collected_numerator: false``), the same-class embeddings staying in
+  the denominator.
 - ``"reacgan"`` (ReACGAN, Kang et al. 2021): the same embeddings and proxies, with D2D-CE
   (:func:`shared.losses.data_to_data_cross_entropy_loss`) in place of 2C: the proxy is the only
   positive, same-class samples are dropped from the negatives, the positive is pulled in up to
