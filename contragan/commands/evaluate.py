@@ -112,5 +112,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         loss=train_cfg.loss,
         extractor_accuracy=cached.test_accuracy,
     )
+    print(
+        f"feature extractor: {cached.test_accuracy:.1%} on {train_cfg.data}'s test split"
+        f" ({cached.weights_path})"
+    )
     print(results_table(evaluation.generated, evaluation.real))
     return summary
