@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         extractor_accuracy=cached.test_accuracy,
     )
     print(
-        f"feature extractor: {cached.test_accuracy:.1%} on {train_cfg.data}'s test split"
+        f"feature extractor: {cached.test_accuracy:.1%} on the {train_cfg.data} test split"
         f" ({cached.weights_path})"
     )
     print(results_table(evaluation.generated, evaluation.real))

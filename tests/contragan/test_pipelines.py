@@ -277,7 +277,8 @@ def test_evaluate_reports_every_figure_next_to_real_vs_real(
     assert "below the required 0.9500" in capsys.readouterr().err
     summary = evaluate_main([*common, "--min-extractor-accuracy", "0"])
     # the console names the extractor's accuracy, the figure every feature-space number rests on
-    accuracy_line = f"feature extractor: {summary['extractor_test_accuracy']:.1%} on digits"
+    accuracy = f"{summary['extractor_test_accuracy']:.1%}"
+    accuracy_line = f"feature extractor: {accuracy} on the digits test split"
     assert accuracy_line in capsys.readouterr().out
     for key in (
         "fd",
