@@ -101,7 +101,14 @@ VARIANTS.update(
 VARIANTS.update(
     {
         f"{name}-adc": (f"{VARIANTS[name][0]}, ADC", [*VARIANTS[name][1], "--adc"])
-        for name in ("contra", "contra-proxy", "contra-proxy-t0.2", "reacgan", "reacgan-t0.1")
+        for name in (
+            "contra",
+            "contra-proxy",
+            "contra-proxy-t0.2",
+            "contra-proxy-t0.2-l0.25",
+            "reacgan",
+            "reacgan-t0.1",
+        )
     }
 )
 # the contrastive options with ProjGAN's conditional adversarial logit (--proj-adv)
@@ -115,6 +122,7 @@ VARIANTS.update(
             "contra-proxy-t0.3-l0.25",
             "contra-proxy-t0.5-l0.25",
             "contra-proxy-t0.2-l0.1",
+            "contra-proxy-t0.2-l0.25-adc",
             "reacgan-t0.1",
         )
     }
