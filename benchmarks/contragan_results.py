@@ -137,6 +137,24 @@ VARIANTS.update(
         for g in ("0", "0.1")
     }
 )
+# the same with ADC's fake proxies: D's class term on real and fake, none in G's loss
+VARIANTS["contra-proxy-t0.2-l0.25-adc-g0-pa"] = (
+    "ContraGAN: 2C with proxy-only positives, τ 0.2, λ 0.25 (G: 0), ADC, projection logit",
+    [*VARIANTS["contra-proxy-t0.2-l0.25-adc-pa"][1], "--g-lambda-2c", "0"],
+)
+# an option's value written HALF_RUN is half the run's G steps (--steps)
+HALF_RUN = "{half-run}"
+# the class term for the first half of the run only: its weights fall linearly to 0 by then,
+# and with the projection logit the second half trains as ProjGAN
+VARIANTS.update(
+    {
+        f"{name}-decay": (
+            f"{VARIANTS[name][0]}, class term falling to 0 by half the run",
+            [*VARIANTS[name][1], "--lambda-2c-decay", HALF_RUN],
+        )
+        for name in ("contra-proxy-t0.2-l0.25-pa", "contra-proxy-t0.2-l0.25-adc-pa")
+    }
+)
 
 
 def _mean_std(values: list[float]) -> str:
@@ -210,7 +228,7 @@ def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any)
             "--quick",
             "--data",
             data,
-            *VARIANTS[variant][1],
+            *(str(max(1, steps // 2)) if o == HALF_RUN else o for o in VARIANTS[variant][1]),
             "--seed",
             str(seed),
             "--image-size",

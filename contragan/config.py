@@ -59,6 +59,10 @@ class Config:
     g_lambda_2c: float | None = None
     """contra, reacgan: weight of the class loss in G's loss alone, >= 0 (D keeps λ); none: λ,
     as in ContraGAN and ReACGAN"""
+    lambda_2c_decay: int | None = None
+    """contra, reacgan: the class loss's weights, D's λ and G's, fall linearly from their
+    values at G step 1 to 0 at G step N + 1 and stay 0 (with --proj-adv the run then goes on
+    as ProjGAN), >= 1; none: constant"""
     tau: float | None = None
     """contra, reacgan: temperature τ of the class loss, > 0; none: the method's reference
     value, contra 1, reacgan 0.5"""
@@ -118,7 +122,14 @@ class Config:
         for name in ("batch_size", "n_dis", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("image_size", "epochs", "max_steps", "eval_every", "checkpoint_every"):
+        for name in (
+            "image_size",
+            "epochs",
+            "max_steps",
+            "eval_every",
+            "checkpoint_every",
+            "lambda_2c_decay",
+        ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or none, got {getattr(self, name)}")
         for name in ("g_lr", "d_lr", "tau"):
@@ -160,6 +171,11 @@ class Config:
                 f"g_lambda_2c applies to losses contra and reacgan only, got loss {self.loss!r}: "
                 "drop --g-lambda-2c"
             )
+        if self.lambda_2c_decay is not None and self.loss not in CONTRASTIVE_LOSSES:
+            raise ValueError(
+                f"lambda_2c_decay applies to losses contra and reacgan only, got loss "
+                f"{self.loss!r}: drop --lambda-2c-decay"
+            )
         if self.proj_adv and self.loss not in CONTRASTIVE_LOSSES:
             raise ValueError(
                 f"proj_adv applies to losses contra and reacgan only, got loss {self.loss!r}: "
@@ -197,6 +213,7 @@ _ADDED_LATER: dict[str, Any] = {
     "adc": False,
     "proj_adv": False,
     "g_lambda_2c": None,
+    "lambda_2c_decay": None,
 }
 
 

@@ -133,6 +133,7 @@ def build(
         ema_decay=cfg.ema_decay,
         ema_start=cfg.ema_start,
         diffaug=cfg.diffaug,
+        class_decay=cfg.lambda_2c_decay,
     )
     seed_everything(cfg.seed, rank=env.rank)  # each rank its own z and augmentations from here
     loader = make_loader(

@@ -127,6 +127,8 @@ def class_term(cfg: Config) -> str:
     weights = f"λ {settings.lambda_2c:g}, τ {settings.tau:g}"
     if settings.g_lambda_2c is not None:
         weights = f"λ {settings.lambda_2c:g} (G: {settings.g_lambda_2c:g}), τ {settings.tau:g}"
+    if cfg.lambda_2c_decay is not None:
+        weights += f", both falling linearly to 0 by G step {cfg.lambda_2c_decay + 1}"
     adc = ", ADC: fakes against a fake proxy per class" if settings.adc else ""
     if cfg.proj_adv:
         adc += "; adversarial logit with ProjGAN's ⟨v(y), h⟩"

@@ -18,6 +18,7 @@ its name in :data:`contragan.arch.LOSSES`, and its head in :mod:`contragan.netwo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
@@ -183,7 +184,10 @@ class GanUpdater(Updater):
     """G and D (possibly DDP-wrapped), their Adam optimizers and an EMA copy of G.
 
     ``settings`` are the D and G losses' (``gather=True`` under DDP); none: the method's
-    reference (:meth:`LossSettings.resolve`)."""
+    reference (:meth:`LossSettings.resolve`). ``class_decay`` N: the class term's weights, D's λ
+    and G's, fall linearly from their values in ``settings`` at G step 1 (and its D steps) to
+    0 at G step N + 1, then stay 0; they are logged as ``d_class_weight`` and
+    ``g_class_weight``. None: constant."""
 
     def __init__(
         self,
@@ -203,7 +207,10 @@ class GanUpdater(Updater):
         ema_decay: float = 0.9999,
         ema_start: int = 1000,
         diffaug: str | None = None,
+        class_decay: int | None = None,
     ) -> None:
+        if class_decay is not None and class_decay < 1:
+            raise ValueError(f"class_decay must be >= 1 or None, got {class_decay}")
         if n_dis < 1 or g_batch_size < 1 or num_classes < 1:
             raise ValueError(
                 f"n_dis, g_batch_size and num_classes must be >= 1, got {n_dis}, "
@@ -229,6 +236,7 @@ class GanUpdater(Updater):
         self._ema_updates = 0  # a host copy of ema.n_averaged
         self.ema_start = ema_start
         self.diffaug = diffaug
+        self.class_decay = class_decay
         self.steps_done = 0  # the loop's step number after the last step
 
     def _fakes(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -236,11 +244,25 @@ class GanUpdater(Updater):
         y = torch.randint(0, self.num_classes, (n,), device=device)
         return z, y
 
+    def settings_at(self, step: int) -> LossSettings:
+        """The loss settings of G step ``step`` (from 1) and of its D steps: D's and G's class
+        weights scaled by ``class_decay``'s linear schedule, else :attr:`loss_settings`
+        unchanged. A function of the step alone, so a resumed run weighs every step as an
+        uninterrupted one."""
+        if self.class_decay is None:
+            return self.loss_settings
+        left = max(0.0, 1.0 - (step - 1) / self.class_decay)
+        settings = self.loss_settings
+        return replace(
+            settings, lambda_2c=settings.lambda_2c * left, g_lambda_2c=settings.g_weight * left
+        )
+
     def _augment(self, x: Tensor) -> Tensor:
         return x if self.diffaug is None else diff_augment(x, self.diffaug)
 
     def step(self, batches: Iterator[Any], ctx: StepContext) -> dict[str, Tensor | float]:
         sums: dict[str, Tensor] = {}
+        settings = self.settings_at(ctx.step)
         for images, labels in batches:
             real = to_signed_unit(ctx.to_device(images)).contiguous(
                 memory_format=torch.channels_last
@@ -253,9 +275,7 @@ class GanUpdater(Updater):
                 both = self._augment(torch.cat([real, fake.to(real.dtype)]))
                 out = self.d(both, torch.cat([y_real, y_fake]))
             out_real, out_fake = _split(_float(out), real.shape[0])
-            parts = self.losses.discriminator(
-                out_real, out_fake, y_real, y_fake, self.loss_settings
-            )
+            parts = self.losses.discriminator(out_real, out_fake, y_real, y_fake, settings)
             self.d_opt.zero_grad(set_to_none=True)  # also what the last G step left on D
             ctx.backward(parts["loss"], "d_loss")
             self.d_opt.step()
@@ -268,13 +288,18 @@ class GanUpdater(Updater):
         with ctx.autocast():
             fake = self._augment(self.g(z, y_fake))
             out = unwrap(self.d)(fake, y_fake)
-        g_parts = self.losses.generator(_float(out), y_fake, self.loss_settings)
+        g_parts = self.losses.generator(_float(out), y_fake, settings)
         self.g_opt.zero_grad(set_to_none=True)
         ctx.backward(g_parts["loss"], "g_loss")
         self.g_opt.step()
         self._update_ema(ctx.step)
         self.steps_done = ctx.step
-        g_logged = {("g_loss" if k == "loss" else k): v.detach() for k, v in g_parts.items()}
+        g_logged: dict[str, Tensor | float] = {
+            ("g_loss" if k == "loss" else k): v.detach() for k, v in g_parts.items()
+        }
+        if self.class_decay is not None:
+            g_logged["d_class_weight"] = settings.lambda_2c
+            g_logged["g_class_weight"] = settings.g_weight
         return {"lr": float(self.g_opt.param_groups[0]["lr"]), **sums, **g_logged}
 
     @torch.no_grad()

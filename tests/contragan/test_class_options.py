@@ -53,6 +53,14 @@ VARIANTS: dict[str, tuple[list[str], str, str]] = {
         "g_2c",
         "2C (λ 0.25 (G: 0), τ 0.2, positives: proxy; adversarial logit with ProjGAN's ⟨v(y), h⟩)",
     ),
+    "contra-proxy-pa-decay": (
+        [
+            *["--loss", "contra", "--class-positives", "proxy", "--tau", "0.2"],
+            *["--lambda-2c", "0.25", "--lambda-2c-decay", "2", "--proj-adv"],
+        ],
+        "d_class_weight",
+        "2C (λ 0.25, τ 0.2, both falling linearly to 0 by G step 3, positives: proxy;",
+    ),
     "ac-real-only": (
         ["--loss", "ac", "--no-ac-fakes"],
         "d_ac",
@@ -121,6 +129,7 @@ def test_a_resume_compares_the_settings_in_use(
     stored = load_checkpoint(run / "checkpoints" / "last.pt")["config"]["pipeline"]
     assert (stored["lambda_2c"], stored["tau"]) == (1.0, 1.0)
     later = {"class_positives", "margin_pos", "ac_fakes", "adc", "proj_adv", "g_lambda_2c"}
+    later |= {"lambda_2c_decay"}
     assert not later & set(stored)
     assert _train(run, "--max-steps", "3", "--lambda-2c", "1", "--tau", "1", "--resume")["steps"]
     changed = ["train", *TINY, "--out", str(run), "--max-steps", "4", "--resume"]
@@ -132,6 +141,8 @@ def test_a_resume_compares_the_settings_in_use(
     assert "tau: 1.0 -> 0.5" in capsys.readouterr().err
     assert cli_main([*changed, "--g-lambda-2c", "0"]) == 2
     assert "g_lambda_2c: '<absent>' -> 0.0" in capsys.readouterr().err
+    assert cli_main([*changed, "--lambda-2c-decay", "100"]) == 2
+    assert "lambda_2c_decay: '<absent>' -> 100" in capsys.readouterr().err
     # the refused resumes left config.json describing the weights in the folder
     saved = json.loads((run / "config.json").read_text(encoding="utf-8"))
     assert (saved["tau"], saved["class_positives"]) == (1.0, "all")
@@ -167,6 +178,8 @@ def test_resume_config_resolves_what_the_losses_use() -> None:
         (["--loss", "proj", "--g-lambda-2c", "0"], "g_lambda_2c applies to losses contra and"),
         (["--loss", "ac", "--g-lambda-2c", "0.1"], "g_lambda_2c applies to losses contra and"),
         (["--g-lambda-2c", "-1"], "g_lambda_2c must be >= 0, got -1"),
+        (["--loss", "proj", "--lambda-2c-decay", "9"], "lambda_2c_decay applies to losses"),
+        (["--lambda-2c-decay", "0"], "lambda_2c_decay must be >= 1 or none, got 0"),
         (["--loss", "reacgan", "--margin-pos", "1.5"], "margin_pos must lie in [0, 1], got 1.5"),
         (["--loss", "reacgan", "--lambda-2c", "nan"], "lambda_2c must be a finite number >= 0"),
         (["--loss", "reacgan", "--tau", "0"], "tau must be > 0"),

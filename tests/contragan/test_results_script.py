@@ -93,3 +93,24 @@ def test_a_run_is_finished_only_at_the_table_s_budget(script: ModuleType, tmp_pa
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 6000}))
     assert not script._finished(tmp_path, 12000)
     assert script._finished(tmp_path, 6000)
+
+
+def test_every_variant_is_a_valid_train_command(
+    script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each variant's options, as the script passes them, parse into contragan train's
+    settings; a value written HALF_RUN becomes half the run's G steps."""
+    from contragan.config import QUICK, Config
+    from shared.config import parse_config
+
+    passed: list[list[str]] = []
+    monkeypatch.setattr(script, "train_main", lambda argv: passed.append(argv))
+    args = SimpleNamespace(image_size=16, n_dis=2, steps=3000, device="cpu", amp="off")
+    for variant in script.VARIANTS:
+        script._train(tmp_path / variant, "digits", variant, 0, 3000, args)
+    assert len(passed) == len(script.VARIANTS)
+    for argv in passed:
+        assert script.HALF_RUN not in argv
+        parse_config(Config, argv, prog="contragan train", presets={"quick": QUICK})
+    decayed = passed[list(script.VARIANTS).index("contra-proxy-t0.2-l0.25-pa-decay")]
+    assert decayed[decayed.index("--lambda-2c-decay") + 1] == "1500"
