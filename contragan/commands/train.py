@@ -1,21 +1,22 @@
-"""``contragan train``: a class-conditional GAN with the 2C loss (ContraGAN), D2D-CE (ReACGAN)
-or a baseline.
+"""``contragan train``: a class-conditional GAN with the 2C loss (ContraGAN), D2D-CE (ReACGAN) or a
+baseline.
 
 ``--loss contra`` is ContraGAN (Kang & Park 2020): hinge adversarial loss plus λ·2C on D's
 projection of real images (D) and of fakes (G), through ``shared.losses`` (``--class-positives
-proxy``: the proxy alone in 2C's numerator); ``--loss reacgan`` is ReACGAN (Kang et al. 2021),
-the same with D2D-CE in place of 2C (λ 0.5, τ 0.5, ``--margin-pos`` 0.98 unless given); on
-either, ``--adc`` adds ADC-GAN's fake proxies and ``--proj-adv`` ProjGAN's class projection to
-the adversarial logit; ``--loss proj`` is the projection discriminator (Miyato & Koyama 2018)
-and ``--loss ac`` an auxiliary classifier (ACGAN; ``--no-ac-fakes``: D's classifier on real
-images only), on the same networks. The recipe of docs/architecture.md, "ContraGAN": Adam 2e-4
-with betas (0.5, 0.999), batch 64, ``n_dis`` = 5 D steps per G step, an EMA generator (0.9999
-from step 1000), optional DiffAugment. ``shared.train.fit_updater`` runs the loop with
-:class:`contragan.steps.GanUpdater` (precision, DDP, metrics.csv, checkpoints, exact resume,
-compared on :func:`contragan.config.resume_config`); every ``eval_every`` steps rank 0 saves a
-sample grid of the EMA generator (one row per class) under ``samples/``. At the end:
-``generator.safetensors`` (the EMA generator), ``arch.json``, ``plots/samples.png``, loss
-curves, ``summary.json`` and ``report.md``.
+proxy``: the proxy alone in 2C's numerator); ``--loss reacgan`` is ReACGAN (Kang et al. 2021), the
+same with D2D-CE in place of 2C (λ 0.5, τ 0.5, ``--margin-pos`` 0.98 unless given); on either,
+``--adc`` adds ADC-GAN's fake proxies, ``--proj-adv`` ProjGAN's class projection to the adversarial
+logit and ``--lambda-2c-decay N`` lets the class term's weights fall linearly to 0 over the first N
+G steps; ``--loss proj`` is the projection discriminator (Miyato & Koyama 2018) and ``--loss ac`` an
+auxiliary classifier (ACGAN; ``--no-ac-fakes``: D's classifier on real images only), on the same
+networks. The recipe of docs/architecture.md, "ContraGAN": Adam 2e-4 with betas (0.5, 0.999), batch
+64, ``n_dis`` = 5 D steps per G step, an EMA generator (0.9999 from step 1000), optional
+DiffAugment. ``shared.train.fit_updater`` runs the loop with :class:`contragan.steps.GanUpdater`
+(precision, DDP, metrics.csv, checkpoints, exact resume, compared on
+:func:`contragan.config.resume_config`); every ``eval_every`` steps rank 0 saves a sample grid of
+the EMA generator (one row per class) under ``samples/``. At the end: ``generator.safetensors`` (the
+EMA generator), ``arch.json``, ``plots/samples.png``, loss curves, ``summary.json`` and
+``report.md``.
 
 ``--quick`` trains the small digits networks (a short CPU run).
 """

@@ -1,9 +1,9 @@
 """contragan's class options end to end: ``--loss reacgan``, ``--loss contra --class-positives
-proxy`` (also with ``--adc`` or ``--proj-adv``) and ``--loss ac --no-ac-fakes`` each train,
-resume bit for bit after a stop and sample, and a reacgan run and a ``--proj-adv`` run
-evaluate (the others have contra's and ac's generators, and evaluate reads no more of their
-config than sample does); a resume compares the settings in use, so a run folder from before
-these options resumes and explicit reference values equal unset ones; a class option given
+proxy`` (also with ``--adc``, ``--proj-adv`` or ``--lambda-2c-decay``) and ``--loss ac
+--no-ac-fakes`` each train, resume bit for bit after a stop and sample, and a reacgan run and a
+``--proj-adv`` run evaluate (the others have contra's and ac's generators, and evaluate reads no
+more of their config than sample does); a resume compares the settings in use, so a run folder from
+before these options resumes and explicit reference values equal unset ones; a class option given
 with a loss it does not apply to is refused with one line, before any folder is made."""
 
 from __future__ import annotations
