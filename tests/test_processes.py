@@ -1,14 +1,19 @@
-"""tests/processes.py: a job's processes in sessions of their own are killed with the launcher."""
+"""tests/processes.py: a job's processes in sessions of their own are killed with the launcher;
+a worker that skips interpreter teardown still delivers its queued result and exits 0."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
-from tests.processes import kill_job, process_groups
+import pytest
+
+from tests.processes import exit_without_teardown, kill_job, process_groups
 
 LAUNCHER = textwrap.dedent(
     """
@@ -48,3 +53,25 @@ def test_kill_job_reaches_a_child_in_its_own_session() -> None:
         launcher.wait()
         launcher.stdout.close()
         subprocess.run(["kill", "-9", str(child)], check=False, capture_output=True)
+
+
+PAYLOAD = 4 << 20  # bytes: far more than a pipe holds, so the queue's feeder thread is still busy
+
+
+def _queue_worker(queue: Any, fail: bool) -> None:
+    queue.put(b"x" * PAYLOAD)
+    if fail:
+        raise RuntimeError("worker failed")
+    exit_without_teardown(queue)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_exit_without_teardown_flushes_the_queue_and_keeps_the_exit_code(fail: bool) -> None:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_queue_worker, args=(queue, fail))
+    proc.start()
+    got = queue.get(timeout=60)
+    proc.join(timeout=60)
+    assert len(got) == PAYLOAD
+    assert proc.exitcode == (1 if fail else 0)

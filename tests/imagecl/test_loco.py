@@ -37,6 +37,7 @@ from shared.config import parse_config
 from shared.losses import nt_xent_loss
 from shared.runtime import unwrap
 from shared.updaters import OptimizerUpdater, StepContext, Updater
+from tests.processes import exit_without_teardown
 
 BACKBONES = ("small_cnn", "resnet18")
 STAGE_DIMS = {"small_cnn": (8, 16, 32, 32), "resnet18": (64, 128, 256, 512)}  # small_cnn width 8
@@ -474,6 +475,7 @@ def _ddp_worker(rank: int, port: int, queue: Any) -> None:
         queue.put(buffer.getvalue())
     finally:
         dist.destroy_process_group()
+    exit_without_teardown(queue)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from imagecl.networks import ImageModel
 from shared.checkpoint import load_checkpoint
 from shared.config import parse_config
 from shared.runtime import unwrap
+from tests.processes import exit_without_teardown
 
 CPU = torch.device("cpu")
 # a few steps of the quick preset on digits (1 channel) or digits-m (3 channels)
@@ -289,6 +290,7 @@ def _ddp_train_worker(rank: int, port: int, out: str) -> None:
         MASTER_PORT=str(port),
     )
     train.main([*TINY, "--out", out, "--data", "digits", "--batch-size", "32", "--max-steps", "2"])
+    exit_without_teardown()
 
 
 def test_two_gloo_ranks_train_with_gathered_negatives(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ from shared.losses import (
 from shared.runs import RunDir
 from shared.runtime import make_loader, seed_everything
 from shared.train import LoopConfig, fit
+from tests.processes import exit_without_teardown
 
 DEVICE_VARIABLE = "CONTRASTKIT_TEST_DEVICE"
 DEVICE = torch.device(os.environ.get(DEVICE_VARIABLE, "cuda"))
@@ -467,6 +468,7 @@ def _gather_worker(rank: int, port: int, device_name: str, queue: Any) -> None:
         queue.put(buffer.getvalue())
     finally:
         dist.destroy_process_group()
+    exit_without_teardown(queue)
 
 
 def _free_port() -> int:

@@ -32,6 +32,7 @@ from shared.losses import (
     data_to_data_cross_entropy_loss,
 )
 from shared.losses.d2d_ce import negative_logsumexp
+from tests.processes import exit_without_teardown
 
 FORMS: tuple[Any, ...] = ("studiogan", "paper")
 
@@ -444,6 +445,7 @@ def _gather_worker(rank: int, port: int, queue: Any) -> None:
         queue.put(buffer.getvalue())
     finally:
         dist.destroy_process_group()
+    exit_without_teardown(queue)
 
 
 def test_gathered_losses_sum_to_one_process_on_the_concatenated_batch() -> None:

@@ -32,6 +32,7 @@ from shared.losses import (
     nt_xent_loss,
     supcon_loss,
 )
+from tests.processes import exit_without_teardown
 from tests.sync_counts import count_syncs
 
 N, D_IN, D = 12, 6, 4
@@ -142,6 +143,7 @@ def _worker(rank: int, port: int, queue: Any) -> None:
         queue.put(buffer.getvalue())
     finally:
         dist.destroy_process_group()
+    exit_without_teardown(queue)
 
 
 class _CountCollectives(TorchDispatchMode):  # type: ignore[no-untyped-call]

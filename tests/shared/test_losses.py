@@ -42,6 +42,7 @@ from shared.losses import (
     triplet_loss,
 )
 from shared.losses.supcon import _supcon_rows
+from tests.processes import exit_without_teardown
 
 SEEDS = (0, 1, 2)
 
@@ -815,6 +816,7 @@ def _empty_rank_worker(rank: int, port: int, queue: Any) -> None:
         queue.put(buffer.getvalue())
     finally:
         dist.destroy_process_group()
+    exit_without_teardown(queue)
 
 
 def test_a_rank_without_rows_takes_part_in_the_gather() -> None:

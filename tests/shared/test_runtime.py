@@ -32,6 +32,7 @@ from shared.runtime import (
     unwrap,
     wrap_ddp,
 )
+from tests.processes import exit_without_teardown
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -87,6 +88,7 @@ def _seeded_rank_worker(rank: int, port: int, folder: str) -> None:
         torch.save(torch.tensor(runs), Path(folder) / f"draws{rank}.pt")
     finally:
         cleanup_distributed()
+    exit_without_teardown()
 
 
 def test_two_gloo_ranks_draw_different_numbers_reproducibly(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ import csv
 import os
 import random
 import socket
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from shared.runtime import (
     wrap_ddp,
 )
 from shared.train import FitResult, LoopConfig, check_finite, fit
+from tests.processes import exit_without_teardown
 
 CPU = torch.device("cpu")
 Batch = tuple[Tensor, Tensor]
@@ -431,15 +431,6 @@ def _join(rank: int, port: int) -> DistEnv:
     return init_distributed(CPU)
 
 
-def _exit_without_teardown() -> None:
-    """End a DDP worker that finished its work: skip interpreter teardown, where gloo's threads
-    can abort the process (SIGABRT, "terminate called without an active exception") at random
-    after the group is destroyed. A worker that raised never gets here and exits 1 as usual."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def _ddp_worker(rank: int, port: int, folder: str) -> None:
     env = _join(rank, port)
     try:
@@ -448,7 +439,7 @@ def _ddp_worker(rank: int, port: int, folder: str) -> None:
         torch.save(model.state_dict(), Path(folder) / f"rank{rank}.pt")
     finally:
         cleanup_distributed()
-    _exit_without_teardown()
+    exit_without_teardown()
 
 
 def _free_port() -> int:
@@ -505,7 +496,7 @@ def _ddp_nan_worker(rank: int, port: int, folder: str) -> None:
     finally:
         cleanup_distributed()
     if stopped:
-        _exit_without_teardown()
+        exit_without_teardown()
 
 
 def test_ddp_a_nan_on_one_rank_stops_every_rank_with_the_same_error(tmp_path: Path) -> None:
@@ -592,7 +583,7 @@ def _ddp_write_failure_worker(rank: int, port: int, folder: str, what: str) -> N
     finally:
         cleanup_distributed()
     if stopped:
-        _exit_without_teardown()
+        exit_without_teardown()
 
 
 @pytest.mark.parametrize("what", ["last.pt", "metrics.csv", "grid"])
@@ -659,7 +650,7 @@ def _ddp_queue_worker(rank: int, port: int, folder: str) -> None:
         torch.save(out, Path(folder) / f"queue{rank}.pt")
     finally:
         cleanup_distributed()
-    _exit_without_teardown()
+    exit_without_teardown()
 
 
 def test_ddp_leaves_the_memory_queue_out_of_the_buffer_broadcast(tmp_path: Path) -> None:
@@ -740,7 +731,7 @@ def _ddp_resume_worker(rank: int, port: int, folder: str) -> None:
         torch.save(torch.randn(3), root / f"stream{rank}.pt")
     finally:
         cleanup_distributed()
-    _exit_without_teardown()
+    exit_without_teardown()
 
 
 def test_ddp_resume_continues_every_ranks_own_stream(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from shared.train import (
     fit_updater,
 )
 from shared.updaters import FiniteGuard
+from tests.processes import exit_without_teardown
 from tests.shared.test_train import WORLD, _free_port, _join
 from tests.sync_counts import count_syncs
 
@@ -365,6 +366,7 @@ def _ddp_gan_worker(rank: int, port: int, folder: str) -> None:
         )
     finally:
         cleanup_distributed()
+    exit_without_teardown()
 
 
 def test_ddp_gan_resumes_and_evaluates_on_rank_zero_only(tmp_path: Path) -> None:
