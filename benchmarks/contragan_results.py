@@ -142,10 +142,12 @@ VARIANTS["contra-proxy-t0.2-l0.25-adc-g0-pa"] = (
     "ContraGAN: 2C with proxy-only positives, τ 0.2, λ 0.25 (G: 0), ADC, projection logit",
     [*VARIANTS["contra-proxy-t0.2-l0.25-adc-pa"][1], "--g-lambda-2c", "0"],
 )
-# an option's value written HALF_RUN is half the run's G steps (--steps)
+# an option's value written HALF_RUN (THIRD_RUN) is half (a third of) the run's G steps (--steps)
 HALF_RUN = "{half-run}"
-# the class term for the first half of the run only: its weights fall linearly to 0 by then,
-# and with the projection logit the second half trains as ProjGAN
+THIRD_RUN = "{third-run}"
+RUN_FRACTIONS = {HALF_RUN: 2, THIRD_RUN: 3}
+# the class term for the first half (third) of the run only: its weights fall linearly to 0 by
+# then, and with the projection logit the rest of the run trains as ProjGAN
 VARIANTS.update(
     {
         f"{name}-decay": (
@@ -155,6 +157,23 @@ VARIANTS.update(
         for name in ("contra-proxy-t0.2-l0.25-pa", "contra-proxy-t0.2-l0.25-adc-pa")
     }
 )
+VARIANTS.update(
+    {
+        f"{name}-decay3": (
+            f"{VARIANTS[name][0]}, class term falling to 0 by a third of the run",
+            [*VARIANTS[name][1], "--lambda-2c-decay", THIRD_RUN],
+        )
+        for name in ("contra-proxy-t0.2-l0.25-pa", "contra-proxy-t0.2-l0.25-g0-pa")
+    }
+)
+
+
+def _run_options(variant: str, steps: int) -> list[str]:
+    """``variant``'s options for a run of ``steps`` G steps: HALF_RUN and THIRD_RUN replaced."""
+    return [
+        str(max(1, steps // RUN_FRACTIONS[o])) if o in RUN_FRACTIONS else o
+        for o in VARIANTS[variant][1]
+    ]
 
 
 def _mean_std(values: list[float]) -> str:
@@ -228,7 +247,7 @@ def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any)
             "--quick",
             "--data",
             data,
-            *(str(max(1, steps // 2)) if o == HALF_RUN else o for o in VARIANTS[variant][1]),
+            *_run_options(variant, steps),
             "--seed",
             str(seed),
             "--image-size",

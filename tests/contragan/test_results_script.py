@@ -99,7 +99,7 @@ def test_every_variant_is_a_valid_train_command(
     script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each variant's options, as the script passes them, parse into contragan train's
-    settings; a value written HALF_RUN becomes half the run's G steps."""
+    settings; a value written HALF_RUN (THIRD_RUN) becomes half (a third of) the run's G steps."""
     from contragan.config import QUICK, Config
     from shared.config import parse_config
 
@@ -110,7 +110,10 @@ def test_every_variant_is_a_valid_train_command(
         script._train(tmp_path / variant, "digits", variant, 0, 3000, args)
     assert len(passed) == len(script.VARIANTS)
     for argv in passed:
-        assert script.HALF_RUN not in argv
+        assert script.HALF_RUN not in argv and script.THIRD_RUN not in argv
         parse_config(Config, argv, prog="contragan train", presets={"quick": QUICK})
     decayed = passed[list(script.VARIANTS).index("contra-proxy-t0.2-l0.25-pa-decay")]
     assert decayed[decayed.index("--lambda-2c-decay") + 1] == "1500"
+    decayed = passed[list(script.VARIANTS).index("contra-proxy-t0.2-l0.25-g0-pa-decay3")]
+    assert decayed[decayed.index("--lambda-2c-decay") + 1] == "1000"
+    assert decayed[decayed.index("--g-lambda-2c") + 1] == "0"
