@@ -66,7 +66,15 @@ def test_paired_refuses_what_it_cannot_compare(script: ModuleType) -> None:
 
 
 def test_the_paired_table_needs_proj_and_names_every_partner(script: ModuleType) -> None:
-    figures = {"gan_test_acc": 0.9, "cas_acc": 0.9, "fd": 1.0, "recall": 0.8}
+    figures = {
+        "gan_test_acc": 0.9,
+        "cas_acc": 0.9,
+        "fd": 1.0,
+        "precision": 0.9,
+        "recall": 0.8,
+        "density": 1.0,
+        "coverage": 0.9,
+    }
     assert script._paired_lines("digits", {"contra": {0: figures}}) == []
     lines = script._paired_lines(
         "digits",
@@ -79,6 +87,8 @@ def test_the_paired_table_needs_proj_and_names_every_partner(script: ModuleType)
     assert "| figure | better | contra |" in lines
     cas = next(line for line in lines if line.startswith("| cas_acc |"))
     assert "-0.0250 ± 0.0250 (1/2)" in cas
+    rows = [line.split(" |")[0].removeprefix("| ") for line in lines if line.startswith("| ")]
+    assert rows[1:] == [*figures]  # after the header: every figure, diversity's two included
 
 
 def test_more_generated_sets_evaluate_into_their_own_folder(script: ModuleType) -> None:
