@@ -148,22 +148,26 @@ THIRD_RUN = "{third-run}"
 RUN_FRACTIONS = {HALF_RUN: 2, THIRD_RUN: 3}
 # the class term for the first half (third) of the run only: its weights fall linearly to 0 by
 # then, and with the projection logit the rest of the run trains as ProjGAN
+_DECAYED = {  # placeholder: (name suffix, when in words, the variants it is added to)
+    HALF_RUN: (
+        "decay",
+        "half the run",
+        ("contra-proxy-t0.2-l0.25-pa", "contra-proxy-t0.2-l0.25-adc-pa"),
+    ),
+    THIRD_RUN: (
+        "decay3",
+        "a third of the run",
+        ("contra-proxy-t0.2-l0.25-pa", "contra-proxy-t0.2-l0.25-g0-pa"),
+    ),
+}
 VARIANTS.update(
     {
-        f"{name}-decay": (
-            f"{VARIANTS[name][0]}, class term falling to 0 by half the run",
-            [*VARIANTS[name][1], "--lambda-2c-decay", HALF_RUN],
+        f"{name}-{suffix}": (
+            f"{VARIANTS[name][0]}, class term falling to 0 by {words}",
+            [*VARIANTS[name][1], "--lambda-2c-decay", when],
         )
-        for name in ("contra-proxy-t0.2-l0.25-pa", "contra-proxy-t0.2-l0.25-adc-pa")
-    }
-)
-VARIANTS.update(
-    {
-        f"{name}-decay3": (
-            f"{VARIANTS[name][0]}, class term falling to 0 by a third of the run",
-            [*VARIANTS[name][1], "--lambda-2c-decay", THIRD_RUN],
-        )
-        for name in ("contra-proxy-t0.2-l0.25-pa", "contra-proxy-t0.2-l0.25-g0-pa")
+        for when, (suffix, words, names) in _DECAYED.items()
+        for name in names
     }
 )
 
