@@ -281,8 +281,10 @@ def _train(out: Path, data: str, variant: str, seed: int, steps: int, args: Any)
 
 
 def _evaluation_folder(args: Any, stem: str = "evaluation") -> str:
-    """``stem`` for one generated set, ``<stem>-x<N>`` for ``--eval-seeds N``."""
-    return stem if args.eval_seeds == 1 else f"{stem}-x{args.eval_seeds}"
+    """``stem`` for one generated set, ``<stem>-x<N>`` for ``--eval-seeds N``; ``-cas-train``
+    appended for ``--cas-samples train``."""
+    name = stem if args.eval_seeds == 1 else f"{stem}-x{args.eval_seeds}"
+    return name + ("-cas-train" if args.cas_samples == "train" else "")
 
 
 def _evaluate(checkpoint: Path, out: Path, seed: int, args: Any) -> dict[str, Any]:
@@ -302,6 +304,8 @@ def _evaluate(checkpoint: Path, out: Path, seed: int, args: Any) -> dict[str, An
             str(seed),
             "--cas-epochs",
             str(args.cas_epochs),
+            "--cas-samples",
+            args.cas_samples,
             "--cache-dir",
             str(args.root / "extractors"),
             "--device",
@@ -378,7 +382,8 @@ def _table(data: str, args: Any, lines: list[str]) -> None:
         f"\n### {data}: {args.steps} G steps × {args.n_dis} D steps, batch 64, "
         f"{args.image_size}×{args.image_size}, {seeds} seeds "
         "(mean ± std over training "
-        f"seeds, {args.eval_seeds} generated set{'' if args.eval_seeds == 1 else 's'} each); "
+        f"seeds, {args.eval_seeds} generated set{'' if args.eval_seeds == 1 else 's'} each"
+        f"{'; CAS trained on a train-split-sized set' if args.cas_samples == 'train' else ''}); "
         f"extractor test accuracy {100 * first[0]['extractor_test_accuracy']:.1f} %\n",
         "| figure | better | "
         + " | ".join(
@@ -417,6 +422,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-dis", type=int, default=2)
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--cas-epochs", type=int, default=12)
+    parser.add_argument(
+        "--cas-samples",
+        default="test",
+        choices=["test", "train"],
+        help="contragan evaluate --cas-samples: the CAS classifier trains on the scored set "
+        "(test, one sample per test image) or on as many generated images as the train split "
+        "holds (train; the figures go to <evaluation folder>-cas-train), so finished runs can be "
+        "scored both ways with --report-only",
+    )
     parser.add_argument(
         "--eval-seeds",
         type=int,

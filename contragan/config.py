@@ -309,6 +309,10 @@ class EvaluateConfig:
     over its training split and four copies on fresh backgrounds, every other 12)"""
     # group: method
     cas_epochs: int = 12  # epochs of the CAS classifier trained on generated images, >= 1
+    cas_samples: Literal["test", "train"] = "test"
+    """what the CAS classifier trains on: test, the scored generated set (one sample per test
+    image); train, as many generated images as the train split holds, with its class counts
+    (Ravuri & Vinyals' protocol), and real-vs-real's classifier on the whole train split"""
     # group: model
     inception_weights: Path | None = None
     """torch-fidelity's Inception weights on disk, for the Inception FID; none: skipped"""

@@ -24,10 +24,21 @@ from torch import Tensor, nn
 
 from contragan.data import ImageData, images_and_labels
 from contragan.extractor import FeatureExtractor
-from contragan.metrics import evaluate_samples, inception_fid, real_vs_real
+from contragan.metrics import CasSamples, evaluate_samples, inception_fid, real_vs_real
 from shared.runtime import eval_mode
 
-__all__ = ["Evaluation", "evaluate_generator", "figures_summary", "generate", "mean_std"]
+__all__ = [
+    "CAS_SEED_OFFSET",
+    "Evaluation",
+    "evaluate_generator",
+    "figures_summary",
+    "generate",
+    "mean_std",
+]
+
+# the CAS training set of seed s (cas_samples="train") is drawn from seed s + CAS_SEED_OFFSET,
+# apart from the scored sets of seeds s, s + 1, ...
+CAS_SEED_OFFSET = 1 << 20
 
 
 @torch.no_grad()
@@ -69,6 +80,7 @@ class Evaluation(NamedTuple):
     num_images: int  # images per set: the test split's size
     num_seeds: int
     inception_fid: float | None  # with Inception weights, of the first seed's samples
+    cas_samples: CasSamples = "test"  # what CAS trained on (evaluate_generator's argument)
 
 
 def evaluate_generator(
@@ -80,21 +92,32 @@ def evaluate_generator(
     seeds: Sequence[int],
     cas_epochs: int,
     device: torch.device,
+    cas_samples: CasSamples = "test",
     inception_weights: Path | None = None,
 ) -> Evaluation:
     """Every offline figure of ``generator`` on ``data``'s test split, next to real-vs-real.
 
     Per seed, one sample per test image with its label (:func:`generate`), scored by
     :func:`contragan.metrics.evaluate_samples` in ``extractor``'s feature space; the baseline
-    is :func:`contragan.metrics.real_vs_real` over the same seeds. ``inception_weights``
+    is :func:`contragan.metrics.real_vs_real` over the same seeds. ``cas_samples="train"``
+    trains each seed's CAS classifier on a second generated set with the train split's labels
+    (as many images, the same class counts; z from ``seed + CAS_SEED_OFFSET``) instead of the
+    scored set, and real-vs-real's on the whole train split. ``inception_weights``
     (torch-fidelity's file) adds the Inception FID of the samples of ``seeds[0]``.
     """
     if not seeds:
         raise ValueError("evaluate_generator needs at least one seed")
+    if cas_samples not in ("test", "train"):
+        raise ValueError(f"cas_samples must be 'test' or 'train', got {cas_samples!r}")
     test_images, test_labels = images_and_labels(data.test)
+    train_labels = images_and_labels(data.train)[1] if cas_samples == "train" else None
     runs = []
     for seed in seeds:
         fake = generate(generator, test_labels, z_dim=z_dim, seed=seed, device=device)
+        cas_fake = None
+        if train_labels is not None:
+            cas_seed = seed + CAS_SEED_OFFSET
+            cas_fake = generate(generator, train_labels, z_dim=z_dim, seed=cas_seed, device=device)
         runs.append(
             evaluate_samples(
                 extractor,
@@ -106,16 +129,20 @@ def evaluate_generator(
                 test_labels=test_labels,
                 seed=seed,
                 cas_epochs=cas_epochs,
+                cas_images=cas_fake,
+                cas_labels=train_labels,
                 device=device,
             )
         )
     generated = {key: mean_std([run[key] for run in runs]) for key in runs[0]}
-    real = real_vs_real(extractor, data, seeds=seeds, cas_epochs=cas_epochs, device=device)
+    real = real_vs_real(
+        extractor, data, seeds=seeds, cas_epochs=cas_epochs, cas_samples=cas_samples, device=device
+    )
     fid = None
     if inception_weights is not None:
         fake = generate(generator, test_labels, z_dim=z_dim, seed=seeds[0], device=device)
         fid = inception_fid(test_images, fake, inception_weights, device)
-    return Evaluation(generated, real, len(test_labels), len(seeds), fid)
+    return Evaluation(generated, real, len(test_labels), len(seeds), fid, cas_samples)
 
 
 def figures_summary(evaluation: Evaluation) -> dict[str, float]:

@@ -18,6 +18,11 @@ Conventions:
   is the test split, and one sample is generated per test image with that image's label, so
   per-class counts match too. :func:`real_vs_real` does the same with a class-matched subset
   of the train split as the "generated" set.
+- CAS's training set: by default the generated set itself (as many images as the test split).
+  Ravuri & Vinyals (2019) train on a generated set the size of the real training set;
+  ``cas_samples="train"`` (:data:`CasSamples`) is that protocol: the caller draws as many
+  samples as the train split holds, with its class counts, and real-vs-real's classifier trains
+  on the whole train split.
 - The extractor runs once per set; FD and KID are then torchmetrics'
   ``FrechetInceptionDistance`` / ``KernelInceptionDistance`` fed those features through an
   identity feature module (:class:`FeatureExtractor` itself also plugs into torchmetrics as
@@ -33,6 +38,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -61,6 +67,7 @@ from contragan.extractor import (
 from shared.runtime import eval_mode
 
 __all__ = [
+    "CasSamples",
     "DensityCoverage",
     "PrecisionRecall",
     "classification_accuracy_score",
@@ -75,6 +82,16 @@ __all__ = [
     "precision_recall",
     "real_vs_real",
 ]
+
+# what the CAS classifier trains on: "test", the scored generated set (one sample per test
+# image); "train", a generated set of the train split's size and class counts
+CasSamples = Literal["test", "train"]
+
+
+def _check_cas_samples(cas_samples: str) -> None:
+    if cas_samples not in get_args(CasSamples):
+        raise ValueError(f"cas_samples must be 'test' or 'train', got {cas_samples!r}")
+
 
 # --------------------------------------------------------------------------- features
 
@@ -166,6 +183,8 @@ def evaluate_samples(
     test_labels: Tensor,
     seed: int = 0,
     cas_epochs: int = 12,
+    cas_images: Tensor | None = None,
+    cas_labels: Tensor | None = None,
     kid_subset_size: int | None = None,
     kid_subsets: int = 100,
     k: int = NEAREST_K,
@@ -177,15 +196,20 @@ def evaluate_samples(
     ``coverage`` (real vs generated features), ``gan_test_acc`` (extractor on generated images
     vs their labels), ``cas_acc`` (classifier trained ``cas_epochs`` on generated, tested on
     ``test_images``), ``intra_fd/<c>`` per class and their mean ``intra_fd_mean`` (NaN classes
-    left out), and ``num_samples``. ``kid_subset_size`` defaults to half the set, at most 1000.
+    left out), ``num_samples`` and ``cas_num_samples``. The CAS classifier trains on
+    ``cas_images``/``cas_labels`` when given (a larger generated set of the same generator, any
+    size), else on the generated set itself. ``kid_subset_size`` defaults to half the set, at
+    most 1000.
     ``seed`` fixes the KID subsets and the CAS classifier. ``device`` (default: the extractor's)
     is where the networks run; the extractor itself is never moved (a copy is).
 
     Shape:
         real_images: ``(N, C, H, W)``, real_labels: ``(N,)``, fake_images: ``(N, C, H, W)``,
-        fake_labels: ``(N,)``, test_images: ``(T, C, H, W)``, test_labels: ``(T,)``;
-        images float in [-1, 1] or uint8
+        fake_labels: ``(N,)``, test_images: ``(T, C, H, W)``, test_labels: ``(T,)``,
+        cas_images: ``(M, C, H, W)``, cas_labels: ``(M,)``; images float in [-1, 1] or uint8
     """
+    if (cas_images is None) != (cas_labels is None):
+        raise ValueError("pass cas_images and cas_labels together, or neither")
     if device is not None and torch.device(device) != next(extractor.parameters()).device:
         extractor = copy.deepcopy(extractor).to(device)
     C = extractor.num_classes
@@ -201,6 +225,11 @@ def evaluate_samples(
     fake_y = check_labels(fake_labels, fake.shape[0], C, "fake_labels")
     test = check_images(test_images, extractor, "test_images")  # checked before any work
     test_y = check_labels(test_labels, test.shape[0], C, "test_labels")
+    if cas_images is None or cas_labels is None:
+        cas_x, cas_y = fake, fake_y
+    else:
+        cas_x = check_images(cas_images, extractor, "cas_images")
+        cas_y = check_labels(cas_labels, cas_x.shape[0], C, "cas_labels")
     N = real.shape[0]
     subset = min(1000, N // 2) if kid_subset_size is None else kid_subset_size
     real_f, fake_f = extract_features(extractor, real), extract_features(extractor, fake)  # (N, F)
@@ -212,7 +241,7 @@ def evaluate_samples(
     per_class = intra_class_fd(real_f, real_y, fake_f, fake_y, C)
     finite = [value for value in per_class.values() if math.isfinite(value)]
     cas = classification_accuracy_score(
-        extractor, fake, fake_y, test, test_y, epochs=cas_epochs, seed=seed
+        extractor, cas_x, cas_y, test, test_y, epochs=cas_epochs, seed=seed
     )
     return {
         "fd": frechet_distance(real_f, fake_f),
@@ -227,6 +256,7 @@ def evaluate_samples(
         "intra_fd_mean": statistics.fmean(finite) if finite else math.nan,
         **{f"intra_fd/{c}": value for c, value in per_class.items()},
         "num_samples": float(N),
+        "cas_num_samples": float(cas_x.shape[0]),
     }
 
 
@@ -256,6 +286,7 @@ def real_vs_real(
     *,
     seeds: Sequence[int] = (0, 1, 2),
     cas_epochs: int = 12,
+    cas_samples: CasSamples = "test",
     kid_subset_size: int | None = None,
     kid_subsets: int = 100,
     k: int = NEAREST_K,
@@ -272,7 +303,10 @@ def real_vs_real(
     extractor's train accuracy (≈ 1, above its test accuracy), and train and test features may
     sit a little apart because the extractor fit one of them. KID's subsets are drawn from the
     same fixed test split in every seed, so its spread over seeds understates its noise.
+    ``cas_samples="train"`` trains the CAS classifier on the whole train split instead of the
+    subset (the baseline of a CAS trained on as many generated images as the train split has).
     """
+    _check_cas_samples(cas_samples)
     if not seeds:
         raise ValueError("real_vs_real needs at least one seed")
     train_images, train_labels = images_and_labels(data.train)
@@ -291,6 +325,8 @@ def real_vs_real(
                 test_labels=test_labels,
                 seed=seed,
                 cas_epochs=cas_epochs,
+                cas_images=train_images if cas_samples == "train" else None,
+                cas_labels=train_labels if cas_samples == "train" else None,
                 kid_subset_size=kid_subset_size,
                 kid_subsets=kid_subsets,
                 k=k,

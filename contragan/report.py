@@ -228,6 +228,20 @@ def plot_intra_fd(
     return save_figure(fig, path)
 
 
+def _cas_protocol(cas_samples: str, num_test: int, num_train: int) -> str:
+    """The report's sentence on what the CAS classifier trained on."""
+    if cas_samples == "train":
+        return (
+            f"CAS: a classifier trained on {num_train} generated images per seed (the train "
+            f"split's classes; real vs real: the {num_train} train images), tested on the "
+            f"{num_test} test images."
+        )
+    return (
+        f"CAS: a classifier trained on the {num_test} generated images of each seed (real vs "
+        f"real: the {num_test} train images), tested on the {num_test} test images."
+    )
+
+
 def write_evaluation_report(
     out: RunDir,
     evaluation: Evaluation,
@@ -246,7 +260,8 @@ def write_evaluation_report(
             f"the {n} test images of {data_name}, in the feature space of a "
             f"classifier trained on its train split (test accuracy "
             f"{100 * extractor_accuracy:.1f} %); {seeds} seed(s), mean ± std. Real vs "
-            "real: train images in place of the samples."
+            "real: train images in place of the samples. "
+            + _cas_protocol(evaluation.cas_samples, n, len(data.train))
         ),
         "Figures": results_table(evaluation.generated, evaluation.real),
     }

@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         seeds=[cfg.seed + i for i in range(cfg.seeds)],
         cas_epochs=cfg.cas_epochs,
         device=device,
+        cas_samples=cfg.cas_samples,
         inception_weights=cfg.inception_weights,
     )
     summary: dict[str, Any] = {
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "data": train_cfg.data,
         "loss": train_cfg.loss,
         "seeds": evaluation.num_seeds,
+        "cas_samples": cfg.cas_samples,
         "skipped": len(data.skipped),
         "extractor_test_accuracy": cached.test_accuracy,
         **figures_summary(evaluation),

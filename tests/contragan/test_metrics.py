@@ -35,6 +35,7 @@ from contragan.extractor import (
 )
 from contragan.extractor_cache import load_or_train_extractor
 from contragan.metrics import (
+    classification_accuracy_score,
     density_coverage,
     evaluate_samples,
     extract_features,
@@ -242,6 +243,80 @@ def test_real_vs_real_reports_every_figure_with_its_spread(
     assert all(math.isfinite(mean) and std >= 0.0 for mean, std in baseline.values())
     assert baseline["gan_test_acc"][0] > 0.9  # the extractor on its own training images
     assert baseline["fd"][1] > 0.0  # the seeds draw different train subsets
+
+
+def _stand_in_sets(digits16: ImageData) -> dict[str, torch.Tensor]:
+    """Test images as the "generated" set, a class-matched train subset as the real/test set."""
+    fake, fake_y = images_and_labels(digits16.test)
+    train_x, train_y = images_and_labels(digits16.train)
+    index = metrics_module._class_matched_subset(train_y, fake_y, seed=0)
+    return {
+        "real_images": train_x[index],
+        "real_labels": train_y[index],
+        "fake_images": fake,
+        "fake_labels": fake_y,
+        "test_images": train_x[index],
+        "test_labels": train_y[index],
+    }
+
+
+def test_cas_trains_on_the_cas_set_and_nothing_else_moves(
+    digits16: ImageData, extractor16: FeatureExtractor
+) -> None:
+    sets = _stand_in_sets(digits16)
+    train_x, train_y = images_and_labels(digits16.train)
+    wrong_y = train_y[torch.randperm(len(train_y), generator=torch.Generator().manual_seed(1))]
+    common: dict[str, Any] = {"seed": 0, "cas_epochs": 3, "kid_subsets": 10}
+    default = evaluate_samples(extractor16, **sets, **common)
+    explicit = evaluate_samples(
+        extractor16,
+        **sets,
+        cas_images=sets["fake_images"],
+        cas_labels=sets["fake_labels"],
+        **common,
+    )
+    larger = evaluate_samples(extractor16, **sets, cas_images=train_x, cas_labels=train_y, **common)
+    shuffled = evaluate_samples(
+        extractor16, **sets, cas_images=train_x, cas_labels=wrong_y, **common
+    )
+    # the default CAS set is the scored set itself
+    assert explicit == default
+    assert default["cas_num_samples"] == default["num_samples"] == len(sets["fake_labels"])
+    assert larger["cas_num_samples"] == shuffled["cas_num_samples"] == len(train_y)
+    # oracle: the CAS figure is the classifier trained on the CAS set, with the run's seed
+    oracle = classification_accuracy_score(
+        extractor16, train_x, train_y, sets["test_images"], sets["test_labels"], epochs=3, seed=0
+    )
+    assert larger["cas_acc"] == oracle
+    # shuffled CAS labels drive CAS to chance and leave every figure of the scored set alone
+    assert larger["cas_acc"] > 0.85 and shuffled["cas_acc"] < 0.25
+    for key in set(default) - {"cas_acc", "cas_num_samples"}:
+        assert shuffled[key] == default[key] == larger[key], key
+
+
+def test_cas_set_contract(digits16: ImageData, extractor16: FeatureExtractor) -> None:
+    sets = _stand_in_sets(digits16)
+    x, y = sets["fake_images"], sets["fake_labels"]
+    with pytest.raises(ValueError, match="cas_images and cas_labels together"):
+        evaluate_samples(extractor16, **sets, cas_images=x)
+    with pytest.raises(ValueError, match="cas_labels"):
+        evaluate_samples(extractor16, **sets, cas_images=x, cas_labels=y[:-1])
+    with pytest.raises(ValueError, match="cas_samples must be 'test' or 'train', got 'all'"):
+        real_vs_real(extractor16, digits16, seeds=(0,), cas_samples="all")  # type: ignore[arg-type]
+
+
+def test_real_vs_real_cas_on_the_whole_train_split(
+    digits16: ImageData, extractor16: FeatureExtractor
+) -> None:
+    common: dict[str, Any] = {"seeds": (0, 1), "cas_epochs": 2, "kid_subsets": 10}
+    subset = real_vs_real(extractor16, digits16, **common)
+    whole = real_vs_real(extractor16, digits16, cas_samples="train", **common)
+    assert subset["cas_num_samples"] == (len(digits16.test), 0.0)
+    assert whole["cas_num_samples"] == (len(digits16.train), 0.0)
+    # the scored subsets are the same draws: only CAS differs
+    for key in set(subset) - {"cas_acc", "cas_num_samples"}:
+        assert whole[key] == subset[key], key
+    assert whole["cas_acc"] != subset["cas_acc"]
 
 
 # --------------------------------------------------------------------------- the extractor

@@ -13,6 +13,7 @@ import pytest
 import safetensors.torch
 import torch
 
+import contragan.evaluate
 from contragan.cli import main as cli_main
 from contragan.commands.evaluate import main as evaluate_main
 from contragan.commands.sample import grid_path, parse_classes
@@ -253,7 +254,7 @@ def test_cli_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_evaluate_reports_every_figure_next_to_real_vs_real(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "run"
     _train(out, "--max-steps", "1")
@@ -303,3 +304,34 @@ def test_evaluate_reports_every_figure_next_to_real_vs_real(
     assert "inception.pth does not exist" in capsys.readouterr().err
     assert cli_main(["evaluate", "--seeds", "0"]) == 2
     assert "seeds must be >= 1" in capsys.readouterr().err
+    # CAS on a generated set of the train split's size: its own z (seed + offset), the train
+    # split's labels; the scored sets are the same draws, so every other figure is unchanged
+    drawn: list[tuple[int, int]] = []
+    original = contragan.evaluate.generate
+
+    def spy(generator: torch.nn.Module, labels: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        drawn.append((len(labels), kwargs["seed"]))
+        return original(generator, labels, **kwargs)
+
+    monkeypatch.setattr(contragan.evaluate, "generate", spy)
+    whole = evaluate_main(
+        [
+            *common,
+            "--min-extractor-accuracy",
+            "0",
+            "--cas-samples",
+            "train",
+            "--out",
+            str(tmp_path / "ev"),
+        ]
+    )
+    test_n, train_n = summary["num_samples"], whole["cas_num_samples"]
+    offset = contragan.evaluate.CAS_SEED_OFFSET
+    assert drawn[:4] == [(test_n, 0), (train_n, offset), (test_n, 1), (train_n, 1 + offset)]
+    assert train_n == whole["real_cas_num_samples"] > test_n == summary["cas_num_samples"]
+    assert (summary["cas_samples"], whole["cas_samples"]) == ("test", "train")
+    for key in ("fd", "precision", "coverage", "gan_test_acc", "intra_fd_mean", "real_fd"):
+        assert whole[key] == summary[key], key
+    protocol = (tmp_path / "ev" / "report.md").read_text()
+    assert f"CAS: a classifier trained on {int(train_n)} generated images per seed" in protocol
+    assert f"trained on the {int(test_n)} generated images of each seed" in report

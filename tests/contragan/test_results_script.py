@@ -93,8 +93,15 @@ def test_the_paired_table_needs_proj_and_names_every_partner(script: ModuleType)
 
 def test_more_generated_sets_evaluate_into_their_own_folder(script: ModuleType) -> None:
     # one set keeps the folder earlier tables were read from; more sets never overwrite it
-    assert script._evaluation_folder(SimpleNamespace(eval_seeds=1)) == "evaluation"
-    assert script._evaluation_folder(SimpleNamespace(eval_seeds=3)) == "evaluation-x3"
+    def folder(eval_seeds: int, cas_samples: str = "test") -> str:
+        args = SimpleNamespace(eval_seeds=eval_seeds, cas_samples=cas_samples)
+        return str(script._evaluation_folder(args))
+
+    assert folder(1) == "evaluation"
+    assert folder(3) == "evaluation-x3"
+    # a CAS trained on a train-split-sized set is a different figure: never read back as the other
+    assert folder(3, "train") == "evaluation-x3-cas-train"
+    assert folder(1, "train") == "evaluation-cas-train"
 
 
 def test_a_run_is_finished_only_at_the_table_s_budget(script: ModuleType, tmp_path: Path) -> None:
