@@ -24,7 +24,13 @@ from torch import Tensor, nn
 
 from contragan.data import ImageData, images_and_labels
 from contragan.extractor import FeatureExtractor
-from contragan.metrics import CasSamples, evaluate_samples, inception_fid, real_vs_real
+from contragan.metrics import (
+    CasSamples,
+    check_cas_samples,
+    evaluate_samples,
+    inception_fid,
+    real_vs_real,
+)
 from shared.runtime import eval_mode
 
 __all__ = [
@@ -107,8 +113,7 @@ def evaluate_generator(
     """
     if not seeds:
         raise ValueError("evaluate_generator needs at least one seed")
-    if cas_samples not in ("test", "train"):
-        raise ValueError(f"cas_samples must be 'test' or 'train', got {cas_samples!r}")
+    check_cas_samples(cas_samples)
     test_images, test_labels = images_and_labels(data.test)
     train_labels = images_and_labels(data.train)[1] if cas_samples == "train" else None
     runs = []

@@ -18,11 +18,9 @@ Conventions:
   is the test split, and one sample is generated per test image with that image's label, so
   per-class counts match too. :func:`real_vs_real` does the same with a class-matched subset
   of the train split as the "generated" set.
-- CAS's training set: by default the generated set itself (as many images as the test split).
-  Ravuri & Vinyals (2019) train on a generated set the size of the real training set;
-  ``cas_samples="train"`` (:data:`CasSamples`) is that protocol: the caller draws as many
-  samples as the train split holds, with its class counts, and real-vs-real's classifier trains
-  on the whole train split.
+- CAS trains on the generated set itself, or (``cas_samples="train"``, :data:`CasSamples`) on
+  one the size of the train split, as Ravuri & Vinyals (2019) do; real-vs-real's classifier then
+  trains on the whole train split.
 - The extractor runs once per set; FD and KID are then torchmetrics'
   ``FrechetInceptionDistance`` / ``KernelInceptionDistance`` fed those features through an
   identity feature module (:class:`FeatureExtractor` itself also plugs into torchmetrics as
@@ -70,6 +68,7 @@ __all__ = [
     "CasSamples",
     "DensityCoverage",
     "PrecisionRecall",
+    "check_cas_samples",
     "classification_accuracy_score",
     "density_coverage",
     "evaluate_samples",
@@ -88,7 +87,8 @@ __all__ = [
 CasSamples = Literal["test", "train"]
 
 
-def _check_cas_samples(cas_samples: str) -> None:
+def check_cas_samples(cas_samples: str) -> None:
+    """Refuse a ``cas_samples`` other than those of :data:`CasSamples`, naming the value."""
     if cas_samples not in get_args(CasSamples):
         raise ValueError(f"cas_samples must be 'test' or 'train', got {cas_samples!r}")
 
@@ -306,7 +306,7 @@ def real_vs_real(
     ``cas_samples="train"`` trains the CAS classifier on the whole train split instead of the
     subset (the baseline of a CAS trained on as many generated images as the train split has).
     """
-    _check_cas_samples(cas_samples)
+    check_cas_samples(cas_samples)
     if not seeds:
         raise ValueError("real_vs_real needs at least one seed")
     train_images, train_labels = images_and_labels(data.train)
