@@ -30,12 +30,13 @@ import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from contragan.commands.evaluate import main as evaluate_main
 from contragan.commands.train import main as train_main
+from contragan.metrics import CasSamples
 from contragan.report import FIGURES
 
 # variant -> (what it is, its contragan train options)
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cas-samples",
         default="test",
-        choices=["test", "train"],
+        choices=get_args(CasSamples),
         help="contragan evaluate --cas-samples: the CAS classifier trains on the scored set "
         "(test, one sample per test image) or on as many generated images as the train split "
         "holds (train; the figures go to <evaluation folder>-cas-train), so finished runs can be "

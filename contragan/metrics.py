@@ -311,6 +311,7 @@ def real_vs_real(
         raise ValueError("real_vs_real needs at least one seed")
     train_images, train_labels = images_and_labels(data.train)
     test_images, test_labels = images_and_labels(data.test)
+    cas_x, cas_y = (train_images, train_labels) if cas_samples == "train" else (None, None)
     runs = []
     for seed in seeds:
         index = _class_matched_subset(train_labels, test_labels, seed)  # (N,)
@@ -325,8 +326,8 @@ def real_vs_real(
                 test_labels=test_labels,
                 seed=seed,
                 cas_epochs=cas_epochs,
-                cas_images=train_images if cas_samples == "train" else None,
-                cas_labels=train_labels if cas_samples == "train" else None,
+                cas_images=cas_x,
+                cas_labels=cas_y,
                 kid_subset_size=kid_subset_size,
                 kid_subsets=kid_subsets,
                 k=k,

@@ -20,6 +20,7 @@ from contragan.arch import GanArch
 from contragan.config import Config
 from contragan.data import ImageData, skipped_summary
 from contragan.evaluate import Evaluation
+from contragan.metrics import CasSamples
 from shared.plots import plot_loss_curves, save_figure, save_image_grid
 from shared.runs import RunDir, write_report
 from shared.runtime import eval_mode
@@ -228,7 +229,7 @@ def plot_intra_fd(
     return save_figure(fig, path)
 
 
-def _cas_protocol(cas_samples: str, num_test: int, num_train: int) -> str:
+def _cas_protocol(cas_samples: CasSamples, num_test: int, num_train: int) -> str:
     """The report's sentence on what the CAS classifier trained on."""
     if cas_samples == "train":
         return (
